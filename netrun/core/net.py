@@ -1,0 +1,47 @@
+"""Nets: a NetDef bound to a workspace. The sequential executor runs ops in order."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from netrun.core.operator import Operator
+from netrun.errors import NetrunError, SchemaError, UnknownOpError
+from netrun.proto.defs import NetDef
+
+if TYPE_CHECKING:
+    from netrun.core.workspace import Workspace
+
+
+class SimpleNet:
+    """Runs its operators one after another (Caffe2's SimpleNet)."""
+
+    def __init__(self, net: NetDef, ws: "Workspace"):
+        self.def_ = net
+        self.name = net.name
+        self.ws = ws
+        problems, ops = [], []
+        for o in net.ops:
+            try:
+                ops.append(Operator(o, ws))
+            except (SchemaError, UnknownOpError) as e:
+                problems.append(str(e))
+        if problems:
+            where = f"net '{net.name}'" if net.name else "the net"
+            if len(problems) == 1:
+                raise type_of(problems)(f"{where}: {problems[0]}")
+            raise SchemaError(f"{where} has {len(problems)} invalid ops:\n  - "
+                              + "\n  - ".join(problems))
+        self.ops = ops
+
+    def run(self, hook: Callable[[int, Operator], None] | None = None) -> None:
+        """Run every op once; `hook(i, op)`, if given, runs after each op (profiling)."""
+        if hook is None:
+            for o in self.ops:
+                o.run()
+        else:
+            for i, o in enumerate(self.ops):
+                o.run()
+                hook(i, o)
+
+
+def type_of(problems: list[str]) -> type[NetrunError]:
+    return UnknownOpError if problems[0].startswith("unknown op type") else SchemaError

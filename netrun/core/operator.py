@@ -1,0 +1,112 @@
+"""Operator instances: an OperatorDef bound to a workspace, its schema and a kernel."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from netrun.core.registry import find_kernel, kernel_backends
+from netrun.core.schema import Args, get_schema
+from netrun.errors import NetrunError, SchemaError, ShapeError
+from netrun.proto.defs import OperatorDef
+
+if TYPE_CHECKING:
+    from netrun.core.workspace import Workspace
+
+
+class OpContext:
+    """What a kernel sees besides its inputs: args, array module, output buffers, RNG, state."""
+
+    __slots__ = ("def_", "args", "ws", "backend", "xp", "state", "_inputs")
+
+    def __init__(self, def_: OperatorDef, args: Args, ws: "Workspace"):
+        self.def_ = def_
+        self.args = args
+        self.ws = ws
+        self.backend = ws.backend
+        self.xp = ws.backend.xp
+        # Per-operator memory across runs (a chosen algorithm, a cached index table).
+        self.state: dict[str, Any] = {}
+        self._inputs: tuple = ()
+
+    @property
+    def rng(self):
+        """The workspace's device random generator (seeded; saved in checkpoints)."""
+        return self.ws.rng
+
+    @property
+    def host_rng(self):
+        """The workspace's host NumPy generator: fillers use it so CPU and GPU init agree."""
+        return self.ws.host_rng
+
+    def output(self, i: int, shape, dtype="float32") -> Any:
+        """A buffer for output i, reused from the previous run when shape and dtype still fit."""
+        name = self.def_.outputs[i]
+        shape = tuple(int(d) for d in shape)
+        existing = self.ws._blobs.get(name)
+        if (existing is not None and self.backend.is_array(existing)
+                and existing.shape == shape and existing.dtype == dtype
+                and self.backend.owns_data(existing)):
+            return existing
+        buf = self.backend.empty(shape, dtype)
+        self.ws._blobs[name] = buf
+        return buf
+
+    def scratch(self, key: str, shape, dtype="float32") -> Any:
+        """Workspace-owned scratch memory shared by ops that never run at the same time."""
+        return self.ws.scratch(key, shape, dtype)
+
+
+class Operator:
+    """A validated, runnable operator (Caffe2's OperatorBase)."""
+
+    def __init__(self, def_: OperatorDef, ws: "Workspace"):
+        schema = get_schema(def_.type)
+        self.def_ = def_
+        self.schema = schema
+        self.args = schema.verify(def_)
+        self.kernel = find_kernel(def_.type, ws.backend.name)
+        if self.kernel is None:
+            have = ", ".join(kernel_backends(def_.type)) or "none"
+            raise SchemaError(f"op {def_.label}: no kernel for backend '{ws.backend.name}' "
+                              f"(kernels exist for: {have})")
+        self.ws = ws
+        self.ctx = OpContext(def_, self.args, ws)
+
+    def run(self) -> None:
+        """Read the inputs from the workspace, run the kernel, store the outputs."""
+        ws, def_ = self.ws, self.def_
+        blobs = ws._blobs
+        try:
+            inputs = tuple(blobs[n] for n in def_.inputs)
+        except KeyError:
+            missing = [n for n in def_.inputs if n not in blobs]
+            raise NetrunError(f"op {def_.label}: input blob '{missing[0]}' does not exist in the "
+                              f"workspace (feed it, or run the init net first)") from None
+        self.ctx._inputs = inputs
+        try:
+            result = self.kernel(self.ctx, *inputs)
+        except (ValueError, IndexError) as e:
+            shapes = ", ".join(f"{n} {_shape_str(x)}" for n, x in zip(def_.inputs, inputs))
+            raise ShapeError(f"op {def_.label} failed on inputs {shapes}: {e}") from e
+        if result is None:
+            return
+        if not isinstance(result, (tuple, list)):
+            result = (result,)
+        xp = ws.backend.xp
+        for i, value in enumerate(result):
+            if value is None:
+                continue
+            name = def_.outputs[i]
+            if not ws.backend.is_array(value):
+                value = xp.asarray(value)
+            # An output that is one of the inputs' arrays under another name is stored as a
+            # view, so a later in-place write to this blob cannot reach the input.
+            for n, x in zip(def_.inputs, inputs):
+                if value is x and n != name:
+                    value = value.view()
+                    break
+            blobs[name] = value
+
+
+def _shape_str(x: Any) -> str:
+    shape = getattr(x, "shape", None)
+    return "×".join(map(str, shape)) if shape else ("scalar" if shape == () else type(x).__name__)

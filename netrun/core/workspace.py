@@ -1,0 +1,103 @@
+"""The Workspace: blobs by name on one backend, the nets bound to them, and the RNGs."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from netrun.backends import get_backend
+from netrun.core.net import SimpleNet
+from netrun.core.operator import Operator
+from netrun.errors import NetrunError
+from netrun.proto.defs import NetDef, OperatorDef
+
+
+class Workspace:
+    """Owns every blob and buffer; nets and operators only borrow them."""
+
+    def __init__(self, device: str = "cpu", seed: int | None = None):
+        self.backend = get_backend(device)
+        self._blobs: dict[str, Any] = {}
+        self._nets: dict[str, SimpleNet] = {}
+        self._scratch: dict[str, Any] = {}
+        self.seed(seed)
+
+    @property
+    def device(self) -> str:
+        return self.backend.device
+
+    def seed(self, seed: int | None) -> None:
+        """Reseed the host and device generators (None: from OS entropy)."""
+        self.host_rng = np.random.Generator(np.random.PCG64(seed))
+        self.rng = self.backend.new_rng(seed)
+
+    # Blobs -----------------------------------------------------------------------------
+    def feed_blob(self, name: str, value: Any, dtype: Any = None) -> None:
+        """Copy a host array (or scalar) into blob `name` on this workspace's device."""
+        host = np.asarray(value, dtype=dtype)
+        self._blobs[name] = self.backend.to_device(host)
+
+    def fetch_blob(self, name: str) -> np.ndarray:
+        """The blob's value as a host NumPy array (a copy)."""
+        if name not in self._blobs:
+            from netrun.errors import suggest
+
+            raise NetrunError(f"blob '{name}' does not exist{suggest(name, self._blobs)}")
+        return self.backend.to_host(self._blobs[name])
+
+    def has_blob(self, name: str) -> bool:
+        return name in self._blobs
+
+    def blobs(self) -> list[str]:
+        """Names of all blobs, sorted."""
+        return sorted(self._blobs)
+
+    def remove_blob(self, name: str) -> None:
+        self._blobs.pop(name, None)
+
+    def get_blob(self, name: str) -> Any:
+        """The blob's array on the device, not copied (for code that stays on the device)."""
+        return self._blobs[name]
+
+    def scratch(self, key: str, shape, dtype="float32") -> Any:
+        """A scratch buffer of at least the given size, shared by everyone asking for `key`."""
+        size = int(np.prod(shape, dtype=np.int64))
+        buf = self._scratch.get((key, str(dtype)))
+        if buf is None or buf.size < size:
+            buf = self.backend.empty((size,), dtype)
+            self._scratch[(key, str(dtype))] = buf
+        return buf[:size].reshape(shape)
+
+    # Operators and nets ----------------------------------------------------------------
+    def run_operator_once(self, op: OperatorDef) -> None:
+        """Validate, create and run one operator."""
+        Operator(op, self).run()
+
+    def create_net(self, net: NetDef, overwrite: bool = True) -> SimpleNet:
+        """Bind a NetDef to this workspace under its name (validating every op)."""
+        if net.name in self._nets and not overwrite:
+            raise NetrunError(f"net '{net.name}' already exists in this workspace")
+        bound = SimpleNet(net, self)
+        self._nets[net.name] = bound
+        return bound
+
+    def run_net(self, name: str, iterations: int = 1) -> None:
+        """Run a net created earlier with create_net."""
+        net = self._nets.get(name)
+        if net is None:
+            from netrun.errors import suggest
+
+            raise NetrunError(f"net '{name}' was not created in this workspace{suggest(name, self._nets)}")
+        for _ in range(iterations):
+            net.run()
+
+    def run_net_once(self, net: NetDef) -> None:
+        """Create and run a net once without keeping it (init nets)."""
+        SimpleNet(net, self).run()
+
+    def nets(self) -> list[str]:
+        return sorted(self._nets)
+
+    def run_nets(self, nets: Iterable[NetDef]) -> None:
+        for n in nets:
+            self.run_net_once(n)

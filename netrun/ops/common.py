@@ -1,0 +1,31 @@
+"""Helpers shared by operator families: shape and cost functions, argument patterns."""
+from __future__ import annotations
+
+from netrun.core.schema import Args, Cost, TensorSpec
+from netrun.errors import ShapeError
+
+
+def same_as_input(index: int = 0):
+    """Shape function: every output has the shape and dtype of input `index`."""
+
+    def fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+        return [ins[index]]
+
+    return fn
+
+
+def elementwise_cost(flops_per_element: int = 1):
+    """Cost function: `flops_per_element` per output element; all inputs read, outputs written."""
+
+    def fn(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
+        return Cost(flops_per_element * sum(o.size for o in outs),
+                    sum(i.nbytes for i in ins), sum(o.nbytes for o in outs))
+
+    return fn
+
+
+def require_same_shape(what: str, names: tuple[str, str], a: TensorSpec, b: TensorSpec) -> None:
+    """Raise a ShapeError naming both blobs and both shapes when they differ."""
+    if tuple(a.shape) != tuple(b.shape):
+        raise ShapeError(f"{what}: '{names[0]}' has shape {a} but '{names[1]}' has shape {b}; "
+                         f"they must match")
