@@ -29,7 +29,9 @@ class ParseError(NetrunError):
             where += ": "
         text = f"{where}{self.message}"
         if self.source_line is not None and self.column is not None:
-            text += f"\n    {self.source_line.rstrip()}\n    {' ' * (self.column - 1)}^"
+            # Keep the source line's tabs under the caret so it lines up in tab-indented files.
+            lead = "".join(c if c == "\t" else " " for c in self.source_line[: self.column - 1])
+            text += f"\n    {self.source_line.rstrip()}\n    {lead}^"
         return text
 
 

@@ -176,6 +176,10 @@ def add_gradient_ops(net: NetDef, losses: Sequence[str], params: Iterable[str] |
             continue
         if fop.type not in _MAKERS:
             missing.append(f"{fop.label}")
+            # Pretend a gradient flows on, so every op lacking a maker is found in one pass.
+            for i, b in enumerate(fop.inputs):
+                if needed[i]:
+                    grads.setdefault((b, in_versions[k][i]), grad_name(b))
             continue
         ops, input_grads, ctx = _run_maker(fop, go, needed)
         _check_versions(fop, ctx, in_versions[k], out_versions[k], final)

@@ -1,0 +1,74 @@
+"""The `netrun` command: a click group whose commands live one per module and load lazily.
+
+Every NetrunError becomes one paragraph on stderr and exit status 2; `--debug` (or
+NETRUN_DEBUG=1) adds the traceback. Commands import the heavy parts of netrun inside their
+function bodies so `netrun --help` stays fast.
+"""
+from __future__ import annotations
+
+import importlib
+import traceback
+
+import click
+
+from netrun import __version__
+from netrun.cli.console import abort, console
+from netrun.errors import NetrunError
+
+# command name -> "module:function"; adding a command is one line here.
+COMMANDS = {
+    "ops": "netrun.cli.ops_cmd:ops",
+    "inspect": "netrun.cli.inspect_cmd:inspect",
+    "convert": "netrun.cli.convert_cmd:convert",
+}
+
+
+class NetrunGroup(click.Group):
+    """Loads commands from COMMANDS on demand and turns NetrunError into exit status 2."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            from netrun.errors import suggest
+
+            ctx.fail(f"no such command '{name}'{suggest(name, COMMANDS)}")
+        return super().resolve_command(ctx, args)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except NetrunError as e:
+            if console.debug:
+                traceback.print_exc()
+            abort(str(e))
+
+
+@click.group(cls=NetrunGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="netrun")
+@click.option("--debug", is_flag=True, envvar="NETRUN_DEBUG",
+              help="Show tracebacks for errors. [env: NETRUN_DEBUG]")
+@click.option("-v", "--verbose", count=True, help="More detail on stderr (repeatable).")
+@click.option("-q", "--quiet", count=True, help="Less detail on stderr (repeatable).")
+@click.option("--color/--no-color", default=None,
+              help="Force colour on or off (default: on for terminals, off with NO_COLOR).")
+def cli(debug: bool, verbose: int, quiet: int, color: bool | None) -> None:
+    """netrun: run deep-learning models written as layer YAML or Caffe2/Caffe nets."""
+    console.configure(color=color, verbosity=verbose - quiet, debug=debug)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="netrun")
+
+
+__all__ = ["cli", "main", "COMMANDS"]

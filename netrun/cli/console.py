@@ -1,0 +1,89 @@
+"""The one console of the CLI: data on stdout, diagnostics on stderr, colour only when wanted.
+
+Colour follows `--color/--no-color`, else NO_COLOR, else whether the stream is a terminal
+(rich decides). Progress displays are for terminals only (`console.interactive`).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Iterable, NoReturn, Sequence
+
+import click
+from rich.console import Console as RichConsole
+from rich.table import Table
+from rich.text import Text
+
+# Width for tables written to a pipe or file, where there is no terminal to measure.
+PIPE_WIDTH = 200
+
+
+class Console:
+    """Owns all CLI output. `configure` is called once per invocation by the group."""
+
+    def __init__(self) -> None:
+        self.configure()
+
+    def configure(self, color: bool | None = None, verbosity: int = 0,
+                  debug: bool = False) -> None:
+        """Set colour (None: automatic), verbosity (-q < 0 < -v) and --debug."""
+        self.verbosity, self.debug = verbosity, debug
+        # file=None makes rich look up sys.stdout/sys.stderr at each write, so redirected
+        # streams (CliRunner, pytest capture) are honoured.
+        common = {"highlight": False, "force_terminal": color,
+                  "no_color": (not color) if color is not None else None}
+        self.out = RichConsole(width=None if sys.stdout.isatty() else PIPE_WIDTH, **common)
+        self.err = RichConsole(stderr=True, **common)
+
+    @property
+    def interactive(self) -> bool:
+        """Whether stderr is a terminal (spinners and progress bars are shown only then)."""
+        return self.err.is_terminal
+
+    # Data (stdout) ---------------------------------------------------------------------
+    def text(self, text: str) -> None:
+        """Plain text as is (no markup, no wrapping): net files, listings."""
+        click.echo(text, nl=not text.endswith("\n"))
+
+    def json(self, data: Any) -> None:
+        """Machine-readable output for --json."""
+        click.echo(json.dumps(data, indent=2))
+
+    def table(self, columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None,
+              right: Sequence[str] = ()) -> None:
+        """A table on stdout; `right` names the columns to right-align (numbers)."""
+        table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+        for c in columns:
+            table.add_column(c, justify="right" if c in right else "left", overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(str(v)) for v in row))
+        self.out.print(table)
+
+    def line(self, text: str = "", style: str | None = None) -> None:
+        """One line of data on stdout (never markup: blob names may contain brackets)."""
+        self.out.print(Text(text, style=style or ""))
+
+    # Diagnostics (stderr) --------------------------------------------------------------
+    def info(self, message: str) -> None:
+        if self.verbosity >= 0:
+            self.err.print(Text(message), soft_wrap=True)
+
+    def detail(self, message: str) -> None:
+        """Shown only with -v."""
+        if self.verbosity > 0:
+            self.err.print(Text(message, style="dim"), soft_wrap=True)
+
+    def warn(self, message: str) -> None:
+        self.err.print(Text.assemble(("warning: ", "bold yellow"), message), soft_wrap=True)
+
+    def error(self, message: str) -> None:
+        self.err.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+
+
+console = Console()
+
+
+def abort(message: str, code: int = 2) -> NoReturn:
+    """Report an expected failure on stderr and exit with `code` (2: bad input)."""
+    console.error(message)
+    raise click.exceptions.Exit(code)

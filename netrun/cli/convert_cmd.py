@@ -1,0 +1,26 @@
+"""`netrun convert IN OUT`: write one net of a model as a NetDef (.pbtxt or NetDef .yaml).
+
+IN is anything `netrun.load_model` reads (layer/ops YAML, NetDef .pbtxt or .yaml); OUT's
+extension picks the format. A layer model holds several nets: `--net` chooses which one
+(predict by default, as Caffe2 shipped predict_net + init_net; convert twice for both).
+"""
+from __future__ import annotations
+
+import click
+
+from netrun.cli.console import console
+
+
+@click.command("convert")
+@click.argument("source", metavar="IN", type=click.Path(dir_okay=False))
+@click.argument("target", metavar="OUT", type=click.Path(dir_okay=False))
+@click.option("--net", "which", type=click.Choice(["init", "train", "test", "predict"]),
+              default="predict", show_default=True, help="Which net of the model to write.")
+def convert(source: str, target: str, which: str) -> None:
+    """Convert between model YAML, NetDef YAML and NetDef text format (.pbtxt)."""
+    from netrun.model import load_model
+    from netrun.proto.io import save_netdef
+
+    net = load_model(source).net(which)
+    save_netdef(net, target)
+    console.info(f"wrote {which} net '{net.name}' ({len(net.ops)} ops) to {target}")

@@ -1,0 +1,145 @@
+"""`netrun inspect MODEL`: blobs, shapes, parameters and FLOPs of a model's nets."""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from netrun.cli.console import console
+
+NETS = ("init", "train", "test", "predict")
+DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8")
+
+
+def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict:
+    """NAME=D1,D2,...[:DTYPE] (a full shape, batch first) -> {name: TensorSpec}."""
+    from netrun.core.schema import TensorSpec
+
+    specs = {}
+    for text in values:
+        name, eq, rest = text.partition("=")
+        dims, _, dtype = rest.partition(":")
+        try:
+            shape = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
+        except ValueError:
+            shape = None
+        if not eq or not name or shape is None or any(d <= 0 for d in shape):
+            raise click.BadParameter(f"'{text}': expected NAME=D1,D2,... (positive integers, "
+                                     f"batch first), e.g. data=64,1,28,28", ctx, param)
+        if dtype and dtype not in DTYPES:
+            raise click.BadParameter(f"'{text}': unknown dtype '{dtype}' (one of "
+                                     f"{', '.join(DTYPES)})", ctx, param)
+        specs[name] = TensorSpec(shape, dtype or "float32")
+    return specs
+
+
+@click.command("inspect")
+@click.argument("model_path", metavar="MODEL", type=click.Path(dir_okay=False))
+@click.option("-b", "--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Batch size added in front of the model's per-example input shapes.")
+@click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=D1,D2,...[:DTYPE]",
+              callback=parse_inputs,
+              help="Full shape (batch first) of an input blob; needed for NetDef files.")
+@click.option("--net", "which", type=click.Choice(NETS), default="predict", show_default=True,
+              help="Which net to analyse.")
+@click.option("--nets", "show_nets", is_flag=True,
+              help="Print the init, train and predict nets as NetDef text.")
+@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
+def inspect(model_path: str, batch: int, inputs: dict, which: str, show_nets: bool,
+            as_json: bool) -> None:
+    """Per-op shapes, parameters and FLOPs of one of MODEL's nets."""
+    from netrun.model import load_model
+
+    model = load_model(model_path)
+    if show_nets and not as_json:
+        console.text(_nets_text(model))
+        return
+    data = report(model, which, batch, inputs)
+    if show_nets:
+        data["nets"] = {w: _net_text(model, w) for w in ("init", "train", "predict")}
+    if as_json:
+        console.json(data)
+    else:
+        _print_report(data)
+
+
+def report(model, which: str, batch: int, overrides: dict) -> dict[str, Any]:
+    """Everything `inspect` shows, as plain data (the --json output)."""
+    from netrun.core.shape_inference import count_params
+
+    shapes = model.infer_shapes(which, batch, overrides)
+    net = model.net(which)
+    params = {p.name: p for p in model.params}
+
+    def blob(name: str, spec) -> dict[str, Any]:
+        return {"name": name, "shape": list(spec.shape), "dtype": spec.dtype,
+                "param": name in params}
+
+    ops = []
+    for r in shapes.ops:
+        ops.append({
+            "name": r.op.name, "type": r.op.type,
+            "inputs": [blob(n, s) for n, s in zip(r.op.inputs, r.inputs)],
+            "outputs": [blob(n, s) for n, s in zip(r.op.outputs, r.outputs)],
+            "params": sum(s.size for n, s in zip(r.op.inputs, r.inputs) if n in params),
+            "flops": r.cost.flops, "bytes_read": r.cost.bytes_read,
+            "bytes_written": r.cost.bytes_written})
+    known = [p for p in params if p in shapes.blobs]
+    return {
+        "model": model.name, "source": model.source_path, "net": which, "net_name": net.name,
+        "batch": batch,
+        "inputs": [blob(n, shapes[n]) for n in net.external_inputs
+                   if n not in params and n in shapes.blobs],
+        "outputs": [blob(n, shapes[n]) for n in net.external_outputs if n in shapes.blobs],
+        "params": [{**blob(n, shapes[n]), "size": shapes[n].size, "layer": params[n].layer,
+                    "lr_mult": params[n].lr_mult, "decay_mult": params[n].decay_mult,
+                    "trainable": params[n].trainable} for n in known],
+        "total_params": count_params(shapes, known),
+        "total_param_bytes": sum(shapes[n].nbytes for n in known),
+        "total_flops": shapes.flops,
+        "ops": ops,
+    }
+
+
+def _print_report(d: dict[str, Any]) -> None:
+    batch = "" if d["net"] == "init" else f", batch {d['batch']}"
+    console.line(f"{d['model']}: {d['net']} net '{d['net_name']}'{batch}", style="bold")
+    console.line("inputs:  " + (", ".join(_blob_text(b) for b in d["inputs"]) or "none"))
+    console.line("outputs: " + (", ".join(_blob_text(b) for b in d["outputs"]) or "none"))
+    console.line()
+    rows = []
+    for i, o in enumerate(d["ops"]):
+        ins = "\n".join(_blob_text(b) for b in o["inputs"] if not b["param"])
+        outs = "\n".join(_blob_text(b) for b in o["outputs"])
+        rows.append([i, o["name"], o["type"], ins, outs, f"{o['params']:,}" if o["params"] else "",
+                     _si(o["flops"])])
+    console.table(["#", "name", "type", "inputs", "outputs", "params", "FLOPs"], rows,
+                  right=("#", "params", "FLOPs"))
+    console.line()
+    console.line(f"parameters: {d['total_params']:,} ({_si(d['total_param_bytes'], 'B')})")
+    console.line(f"FLOPs:      {d['total_flops']:,} ({_si(d['total_flops'])})"
+                 + (f" per batch of {d['batch']}" if batch else ""))
+
+
+def _blob_text(b: dict[str, Any]) -> str:
+    shape = "×".join(map(str, b["shape"])) if b["shape"] else "scalar"
+    return f"{b['name']} {shape}" + ("" if b["dtype"] == "float32" else f" {b['dtype']}")
+
+
+def _si(n: float, unit: str = "") -> str:
+    """576, 1.15 M, 1.72 MB: three significant digits and an SI prefix."""
+    for prefix in ("", "K", "M", "G", "T"):
+        if abs(n) < 1000 or prefix == "T":
+            break
+        n /= 1000
+    return f"{n:.3g} {prefix}{unit}".strip()
+
+
+def _net_text(model, which: str) -> str:
+    from netrun.proto.pbtxt import netdef_to_text
+
+    return netdef_to_text(model.net(which))
+
+
+def _nets_text(model) -> str:
+    return "\n".join(f"# {w} net\n{_net_text(model, w)}" for w in ("init", "train", "predict"))

@@ -1,0 +1,297 @@
+"""Convolution: Conv, ConvTranspose and their gradients (Caffe2's conv_op / conv_transpose_op).
+
+The arithmetic lives in `conv_algos`; these ops resolve the geometry, pick an algorithm per
+input shape (the `algo` argument, else `heuristic_choice`) and remember it in `ctx.state`.
+Algorithms are NCHW-only: for order=NHWC the op transposes its inputs into scratch buffers
+and its outputs back (filters: Caffe2's NHWC layout M × kh × kw × C/G, i.e. the same
+(0, 3, 1, 2) transpose).
+
+Gradient ops take (X, W, dY) and write dW, then db unless `no_bias`, then dX: dX is left
+out when nobody wants it (the first conv of a net), so its presence is the output count.
+"""
+from __future__ import annotations
+
+from netrun.core.gradient import register_gradient
+from netrun.core.registry import register_kernel
+from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
+from netrun.errors import SchemaError, ShapeError, suggest
+from netrun.ops.conv_algos import ALGORITHMS, ConvProblem, select_algorithm
+from netrun.ops.geometry import ConvGeometry, conv_pool_args
+
+_COMMON = conv_pool_args() + (
+    Arg("group", "int", 1, doc="channel groups; group = C is a depthwise convolution"),
+    Arg("algo", "str", "", doc="fixed algorithm (" + ", ".join(ALGORITHMS) + "); '' = automatic"),
+    Arg("no_bias", "int", 0, allowed=(0, 1), doc="1: there is no bias input (and no db output)"))
+_ADJ = (Arg("adj", "int", None, doc="extra output rows/cols at the end, both axes (< stride)"),
+        Arg("adj_h", "int", None), Arg("adj_w", "int", None), Arg("adjs", "ints", None))
+
+
+def _check(op, args: Args, transposed: bool, gradient: bool) -> None:
+    """Build-time rules beyond single argument types; SchemaError names the op and argument."""
+    geom = ConvGeometry.from_args(args, op.label)
+    if geom.legacy_pad == "CAFFE_LEGACY_POOLING":
+        raise SchemaError(f"op {op.label}: argument 'legacy_pad' is CAFFE_LEGACY_POOLING, which "
+                          f"is for pooling ops")
+    if args.group < 1:
+        raise SchemaError(f"op {op.label}: argument 'group' must be at least 1, got {args.group}")
+    if args.algo and args.algo not in ALGORITHMS:
+        raise SchemaError(f"op {op.label}: argument 'algo' is '{args.algo}', an unknown algorithm"
+                          f"{suggest(args.algo, ALGORITHMS)} (known: {', '.join(ALGORITHMS)})")
+    if transposed:
+        adj = _adj(args, op.label)
+        if adj[0] >= geom.sh or adj[1] >= geom.sw:
+            raise SchemaError(f"op {op.label}: argument 'adj' must be smaller than the stride "
+                              f"{geom.sh}×{geom.sw}, got {adj[0]}×{adj[1]}")
+    if gradient:
+        least = 2 if args.no_bias else 3
+        if len(op.outputs) not in (least - 1, least):
+            raise SchemaError(f"op {op.label}: with no_bias={args.no_bias} the outputs are dW"
+                              f"{'' if args.no_bias else ', db'}[, dX], got {len(op.outputs)}")
+    elif args.no_bias and len(op.inputs) == 3:
+        raise SchemaError(f"op {op.label}: argument 'no_bias' is 1 but a bias input is given")
+
+
+def _adj(args: Args, label: str = "") -> tuple[int, int]:
+    if args.get("adj") is not None:
+        value = (args.adj, args.adj)
+    elif args.get("adjs") is not None:
+        if len(args.adjs) != 2:
+            raise SchemaError(f"op {label}: argument 'adjs' needs 2 values [h, w], got {args.adjs}")
+        value = tuple(args.adjs)
+    else:
+        value = (args.get("adj_h") or 0, args.get("adj_w") or 0)
+    if min(value) < 0:
+        raise SchemaError(f"op {label}: argument 'adj' must not be negative, got {list(value)}")
+    return value
+
+
+def _nchw(shape, nhwc: bool) -> tuple[int, ...]:
+    """A 4-D shape (data or filter) in NCHW order; NHWC shapes are permuted (0, 3, 1, 2)."""
+    return (shape[0], shape[3], shape[1], shape[2]) if nhwc else tuple(shape)
+
+
+def _layout(shape, nhwc: bool) -> tuple[int, ...]:
+    """An NCHW shape in the op's order."""
+    return (shape[0], shape[2], shape[3], shape[1]) if nhwc else tuple(shape)
+
+
+def _conv_problem(args: Args, ins: list[TensorSpec], transposed: bool,
+                  ) -> tuple[ConvProblem, tuple[int, ...]]:
+    """The (equivalent) convolution's problem and the op's output shape; ShapeError on misfit."""
+    x, w = ins[0], ins[1]
+    for role, spec in (("X", x), ("W", w)):
+        if len(spec.shape) != 4:
+            raise ShapeError(f"{role} must be 4-D ({args.order}) for a 2-D convolution, got {spec}")
+    nhwc, g = args.order == "NHWC", args.group
+    n, c, h, wd = _nchw(x.shape, nhwc)
+    w0, w1, kh, kw = _nchw(w.shape, nhwc)
+    geom = ConvGeometry.from_args(args)
+    if (kh, kw) != (geom.kh, geom.kw):
+        raise ShapeError(f"W has a {kh}×{kw} kernel but the op's kernel argument is "
+                         f"{geom.kh}×{geom.kw}: W {w}")
+    if transposed:   # W is C_in × C_out/G × kh × kw
+        if w0 != c or c % g:
+            raise ShapeError(f"X has {c} channels but W expects {w0} (group {g}): X {x}, W {w}")
+        m = w1 * g
+        ah, aw = _adj(args)
+        if geom.legacy_pad != "NOTSET":   # Caffe2: VALID and SAME both mean no padding here
+            geom = ConvGeometry(geom.kh, geom.kw, geom.sh, geom.sw, dh=geom.dh, dw=geom.dw)
+        dkh, dkw = geom.dilated_kernel
+        oh = (h - 1) * geom.sh - geom.pt - geom.pb + dkh + ah
+        ow = (wd - 1) * geom.sw - geom.pl - geom.pr + dkw + aw
+        if oh < 1 or ow < 1:
+            raise ShapeError(f"X {x} gives an empty {oh}×{ow} output: the pads "
+                             f"{list(geom.pads)} crop more than the transposed conv makes")
+        # The equivalent conv reads ConvTranspose's output and writes its input.
+        problem = ConvProblem.make((n, m, oh, ow), (c, w1), geom, g, x.dtype, args.order)
+    else:            # W is M × C/G × kh × kw
+        if w1 * g != c:
+            raise ShapeError(f"X has {c} channels but W expects {w1}×group {g} = {w1 * g}: "
+                             f"X {x}, W {w}")
+        m = w0
+        if m % g:
+            raise ShapeError(f"W has {m} filters, not divisible by group {g}: W {w}")
+        geom = geom.resolve(h, wd, f"X {x}")
+        problem = ConvProblem.make((n, c, h, wd), (m,), geom, g, x.dtype, args.order)
+        oh, ow = problem.oh, problem.ow
+    if len(ins) > 2 and tuple(ins[2].shape) != (m,):
+        raise ShapeError(f"b has shape {ins[2]} but the op has {m} output channels: "
+                         f"b {ins[2]}, W {w}")
+    return problem, _layout((n, m, oh, ow), nhwc)
+
+
+def _conv_flops(p: ConvProblem) -> int:
+    """2·N·K·C/G·kh·kw·oH·oW multiply-adds of the (equivalent) convolution."""
+    return 2 * p.n * p.k * p.cg * p.kh * p.kw * p.oh * p.ow
+
+
+def _make_shape_fn(transposed: bool):
+    def shape_fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+        return [TensorSpec(_conv_problem(args, ins, transposed)[1], ins[0].dtype)]
+    return shape_fn
+
+
+def _make_cost_fn(transposed: bool):
+    def cost_fn(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
+        flops = _conv_flops(_conv_problem(args, ins[:2], transposed)[0])
+        bias = outs[0].size if len(ins) > 2 else 0
+        return Cost(flops + bias, sum(i.nbytes for i in ins), sum(o.nbytes for o in outs))
+    return cost_fn
+
+
+def _gradient_shape_fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    """dW, db (unless no_bias), dX; an op without the dX output takes the leading ones."""
+    x, w, dy = ins
+    channels = dy.shape[3 if args.order == "NHWC" else 1]
+    return [w] + ([] if args.no_bias else [TensorSpec((channels,), dy.dtype)]) + [x]
+
+
+def _make_gradient_cost_fn(transposed: bool):
+    def cost_fn(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
+        flops = _conv_flops(_conv_problem(args, ins[:2], transposed)[0])
+        with_dx = len(outs) == (2 if args.no_bias else 3)
+        total = flops * (2 if with_dx else 1) + (0 if args.no_bias else ins[2].size)
+        return Cost(total, sum(i.nbytes for i in ins), sum(o.nbytes for o in outs))
+    return cost_fn
+
+
+def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
+    args = _COMMON + (_ADJ if transposed else ())
+    register_schema(
+        type, inputs=(2, 3), outputs=1, input_names=("X", "W", "b"), output_names=("Y",),
+        args=args, shape_fn=_make_shape_fn(transposed), cost_fn=_make_cost_fn(transposed),
+        check_fn=lambda op, a: _check(op, a, transposed, False), family="conv", doc=doc)
+    register_schema(
+        f"{type}Gradient", inputs=3, outputs=(1, 3), input_names=("X", "W", "dY"),
+        output_names=("dW", "db", "dX"), args=args, shape_fn=_gradient_shape_fn,
+        cost_fn=_make_gradient_cost_fn(transposed),
+        check_fn=lambda op, a: _check(op, a, transposed, True), family="conv", doc=grad_doc)
+
+
+# Kernels ------------------------------------------------------------------------------------
+def _setup(ctx, X, W) -> tuple[ConvProblem, object, tuple[int, ...]]:
+    """Problem, algorithm and output shape for these input shapes, kept in ctx.state."""
+    key = (X.shape, W.shape, str(X.dtype))
+    cached = ctx.state.get("setup")
+    if cached is None or cached[0] != key:
+        transposed = ctx.def_.type.startswith("ConvTranspose")
+        try:
+            specs = [TensorSpec(tuple(X.shape), str(X.dtype)), TensorSpec(tuple(W.shape))]
+            problem, out_shape = _conv_problem(ctx.args, specs, transposed)
+            algo = select_algorithm(problem, ctx.args.algo)
+        except ShapeError as e:
+            raise ShapeError(f"op {ctx.def_.label}: {e}") from None
+        cached = ctx.state["setup"] = (key, problem, algo, out_shape)
+        ctx.state["algo"] = algo.name   # what profiles report
+    return cached[1], cached[2], cached[3]
+
+
+def _to_nchw(ctx, key: str, a, nhwc: bool):
+    """a itself for NCHW; for NHWC, an NCHW copy in scratch."""
+    if not nhwc:
+        return a
+    buf = ctx.scratch(f"conv.nchw_{key}", _nchw(a.shape, True), a.dtype)
+    buf[...] = a.transpose(0, 3, 1, 2)
+    return buf
+
+
+def _run(ctx, out, nhwc: bool, compute) -> None:
+    """compute(nchw_buffer) straight into `out`, or via scratch and a transpose for NHWC."""
+    if not nhwc:
+        compute(out)
+        return
+    buf = ctx.scratch("conv.nchw_out", _nchw(out.shape, True), out.dtype)
+    compute(buf)
+    out[...] = buf.transpose(0, 2, 3, 1)
+
+
+def _forward(ctx, X, W, b) -> None:
+    problem, algo, out_shape = _setup(ctx, X, W)
+    xp, nhwc = ctx.xp, ctx.args.order == "NHWC"
+    Y = ctx.output(0, out_shape, X.dtype)
+    x, w = _to_nchw(ctx, "x", X, nhwc), _to_nchw(ctx, "w", W, nhwc)
+    if ctx.def_.type == "Conv":
+        _run(ctx, Y, nhwc, lambda y: algo.forward(xp, x, w, problem, y, ctx.scratch))
+    else:   # ConvTranspose is the data gradient of the equivalent conv
+        _run(ctx, Y, nhwc, lambda y: algo.backward_data(xp, x, w, problem, y, ctx.scratch))
+    if b is not None:
+        Y += b.reshape((1, 1, 1, -1) if nhwc else (1, -1, 1, 1))
+
+
+def _backward(ctx, X, W, dY) -> None:
+    problem, algo, y_shape = _setup(ctx, X, W)
+    if tuple(dY.shape) != y_shape:
+        raise ShapeError(f"op {ctx.def_.label}: dY has shape {'×'.join(map(str, dY.shape))} but "
+                         f"the forward output is {'×'.join(map(str, y_shape))}")
+    xp, nhwc, s = ctx.xp, ctx.args.order == "NHWC", ctx.scratch
+    x, w, dy = (_to_nchw(ctx, k, a, nhwc) for k, a in (("x", X), ("w", W), ("dy", dY)))
+    dW = ctx.output(0, W.shape, W.dtype)
+    if ctx.def_.type == "ConvGradient":
+        _run(ctx, dW, nhwc, lambda dw: algo.backward_filter(xp, x, dy, problem, dw, s))
+    else:   # ConvTranspose: the equivalent conv's input is dY and its output gradient is X
+        _run(ctx, dW, nhwc, lambda dw: algo.backward_filter(xp, dy, x, problem, dw, s))
+    index = 1
+    if not ctx.args.no_bias:
+        db = ctx.output(1, (dY.shape[3 if nhwc else 1],), dY.dtype)
+        xp.sum(dY, axis=(0, 1, 2) if nhwc else (0, 2, 3), out=db)
+        index = 2
+    if len(ctx.def_.outputs) > index:
+        dX = ctx.output(index, X.shape, X.dtype)
+        if ctx.def_.type == "ConvGradient":
+            _run(ctx, dX, nhwc, lambda dx: algo.backward_data(xp, dy, w, problem, dx, s))
+        else:
+            _run(ctx, dX, nhwc, lambda dx: algo.forward(xp, dy, w, problem, dx, s))
+
+
+def _maker(g) -> list:
+    """Gradient op with outputs dW, [db], [dX]; dX only when someone needs it."""
+    has_bias = len(g.def_.inputs) == 3
+    outs = [g.GI(1)] + ([g.GI(2)] if has_bias else []) + ([g.GI(0)] if g.needs(0) else [])
+    args = {**g.copy_args(), "no_bias": int(not has_bias)}
+    return [g.op(f"{g.def_.type}Gradient", [g.I(0), g.I(1), g.GO(0)], outs, **args)]
+
+
+# Conv -----------------------------------------------------------------------------------------
+_register("Conv", False,
+          doc="Y = conv(X, W) + b. X is N×C×H×W (or NHWC), W is M×C/G×kh×kw (NHWC: M×kh×kw×C/G), "
+              "b is M. Output size per axis: floor((in + pad_head + pad_tail - dil·(k-1) - 1) / "
+              "stride) + 1.",
+          grad_doc="Inputs X, W, dY; outputs dW, db (unless no_bias), then dX if listed.")
+
+
+@register_kernel("Conv")
+def conv(ctx, X, W, b=None):
+    """Y = conv(X, W) + b with the chosen algorithm's forward pass."""
+    _forward(ctx, X, W, b)
+
+
+@register_kernel("ConvGradient")
+def conv_gradient(ctx, X, W, dY):
+    """dW (backward filter), db, and dX (backward data) when it is an output."""
+    _backward(ctx, X, W, dY)
+
+
+register_gradient("Conv")(_maker)
+
+# ConvTranspose --------------------------------------------------------------------------------
+_register("ConvTranspose", True,
+          doc="The transpose (data gradient) of Conv. X is N×C_in×H×W, W is C_in×C_out/G×kh×kw "
+              "(NHWC: C_in×kh×kw×C_out/G), b is C_out. Output size per axis: (in-1)·stride - "
+              "pad_head - pad_tail + dil·(k-1) + 1 + adj. legacy_pad VALID and SAME both mean "
+              "no padding, as in Caffe2.",
+          grad_doc="Inputs X, W, dY; outputs dW, db (unless no_bias), then dX if listed.")
+
+
+@register_kernel("ConvTranspose")
+def conv_transpose(ctx, X, W, b=None):
+    """Y = conv^T(X, W) + b: the equivalent conv's backward-data pass."""
+    _forward(ctx, X, W, b)
+
+
+@register_kernel("ConvTransposeGradient")
+def conv_transpose_gradient(ctx, X, W, dY):
+    """dW, db, and dX (the equivalent conv's forward pass of dY) when it is an output."""
+    _backward(ctx, X, W, dY)
+
+
+register_gradient("ConvTranspose")(_maker)

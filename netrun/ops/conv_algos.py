@@ -1,0 +1,317 @@
+"""Convolution algorithms as pluggable units (cuDNN's forward / backward-data / backward-filter).
+
+Every algorithm computes the same three directions of one `ConvProblem`, always in NCHW with
+Caffe2's filter layout K × C/G × kh × kw:
+
+    forward          Y  (N, K, oH, oW)    = conv(X (N, C, H, W), W)
+    backward_data    dX (N, C, H, W)      = conv^T(dY, W)
+    backward_filter  dW (K, C/G, kh, kw)  = corr(X, dY)
+
+ConvTranspose runs on the same units: its forward is the backward-data pass of the conv
+whose input has ConvTranspose's output shape, and vice versa. Algorithms write into `out`
+and draw temporaries from `scratch(key, shape, dtype)` (the workspace's shared scratch), so
+nothing is allocated per iteration. The algorithm cache (next step) keys on ConvProblem plus
+the direction, backend and device; `heuristic_choice` is the rule used without timing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from netrun.errors import ShapeError
+from netrun.ops.geometry import ConvGeometry, pad_into, window_slices
+
+Scratch = Callable[..., Any]   # scratch(key, shape, dtype) -> array
+
+# The im2col column buffer is filled this many bytes at a time (a block of images), which
+# keeps it in a moderate, reusable allocation however large the batch.
+COL_BUFFER_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """Every field that changes a convolution's result or speed, except the direction."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int              # output channels (Caffe2's M)
+    kh: int
+    kw: int
+    sh: int = 1
+    sw: int = 1
+    pt: int = 0
+    pl: int = 0
+    pb: int = 0
+    pr: int = 0
+    dh: int = 1
+    dw: int = 1
+    group: int = 1
+    dtype: str = "float32"
+    # The op's storage order; algorithms always see NCHW (the op transposes NHWC), but the
+    # transposes are part of what a timing measures, so it stays in the key.
+    order: str = "NCHW"
+
+    @classmethod
+    def make(cls, x_shape, w_shape, geom: ConvGeometry, group: int, dtype: Any,
+             order: str = "NCHW") -> "ConvProblem":
+        """The problem for NCHW input/filter shapes and a geometry resolved for that input."""
+        n, c, h, w = (int(d) for d in x_shape)
+        return cls(n, c, h, w, int(w_shape[0]), geom.kh, geom.kw, geom.sh, geom.sw, *geom.pads,
+                   geom.dh, geom.dw, group, str(np.dtype(dtype)), order)
+
+    @property
+    def geometry(self) -> ConvGeometry:
+        return ConvGeometry(self.kh, self.kw, self.sh, self.sw, self.pt, self.pl, self.pb,
+                            self.pr, self.dh, self.dw)
+
+    @property
+    def oh(self) -> int:
+        return (self.h + self.pt + self.pb - self.dh * (self.kh - 1) - 1) // self.sh + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + self.pl + self.pr - self.dw * (self.kw - 1) - 1) // self.sw + 1
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.group
+
+    @property
+    def kg(self) -> int:
+        return self.k // self.group
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def padded(self) -> bool:
+        return any((self.pt, self.pl, self.pb, self.pr))
+
+    def describe(self) -> str:
+        """One line for error messages and profiles."""
+        return (f"N={self.n} C={self.c} H={self.h} W={self.w} K={self.k} kernel {self.kh}×"
+                f"{self.kw} stride {self.sh}×{self.sw} pads {[self.pt, self.pl, self.pb, self.pr]}"
+                f" dilation {self.dh}×{self.dw} group {self.group} {self.dtype} {self.order}")
+
+
+class ConvAlgorithm:
+    """One way to compute all three directions of a convolution."""
+
+    name = ""
+    deterministic = True   # same bits on every run (no atomics / reordering by timing)
+
+    def applicable(self, p: ConvProblem) -> bool:
+        """Whether this algorithm handles the problem."""
+        return True
+
+    def workspace_bytes(self, p: ConvProblem) -> int:
+        """Scratch bytes needed by the most demanding of the three directions."""
+        return 0
+
+    def forward(self, xp, x, w, p: ConvProblem, out, scratch: Scratch) -> None:
+        """out (N, K, oH, oW) = conv(x, w)."""
+        raise NotImplementedError
+
+    def backward_data(self, xp, dy, w, p: ConvProblem, out, scratch: Scratch) -> None:
+        """out (N, C, H, W) = gradient of the loss with respect to x."""
+        raise NotImplementedError
+
+    def backward_filter(self, xp, x, dy, p: ConvProblem, out, scratch: Scratch) -> None:
+        """out (K, C/G, kh, kw) = gradient of the loss with respect to w."""
+        raise NotImplementedError
+
+
+ALGORITHMS: dict[str, ConvAlgorithm] = {}
+
+
+def register_algorithm(cls: type[ConvAlgorithm]) -> type[ConvAlgorithm]:
+    """Class decorator: add one instance of the algorithm to ALGORITHMS under its name."""
+    ALGORITHMS[cls.name] = cls()
+    return cls
+
+
+def applicable_algorithms(p: ConvProblem) -> list[ConvAlgorithm]:
+    """Algorithms that can run the problem, in registration order."""
+    return [a for a in ALGORITHMS.values() if a.applicable(p)]
+
+
+def heuristic_choice(p: ConvProblem) -> ConvAlgorithm:
+    """The rule-based pick without timing: plain GEMM for 1×1 kernels, else im2col + GEMM."""
+    if ALGORITHMS["gemm_1x1"].applicable(p):
+        return ALGORITHMS["gemm_1x1"]
+    return ALGORITHMS["im2col_gemm"]
+
+
+def select_algorithm(p: ConvProblem, fixed: str = "") -> ConvAlgorithm:
+    """The fixed algorithm if named (ShapeError if it cannot run p), else the heuristic's."""
+    if not fixed:
+        return heuristic_choice(p)
+    algo = ALGORITHMS[fixed]
+    if not algo.applicable(p):
+        names = ", ".join(a.name for a in applicable_algorithms(p))
+        raise ShapeError(f"algorithm '{fixed}' cannot run this convolution ({p.describe()}); "
+                         f"applicable: {names}")
+    return algo
+
+
+# im2col + GEMM ---------------------------------------------------------------------------
+@register_algorithm
+class Im2colGemm(ConvAlgorithm):
+    """Unfold windows into a column buffer, then one GEMM per group (Caffe's default)."""
+
+    name = "im2col_gemm"
+
+    def block(self, p: ConvProblem) -> int:
+        """Images per column-buffer fill."""
+        per_image = p.c * p.kh * p.kw * p.oh * p.ow * p.itemsize
+        return max(1, min(p.n, COL_BUFFER_BYTES // max(per_image, 1)))
+
+    def workspace_bytes(self, p: ConvProblem) -> int:
+        b = self.block(p)
+        col = b * p.c * p.kh * p.kw * p.oh * p.ow
+        pad = b * p.c * (p.h + p.pt + p.pb) * (p.w + p.pl + p.pr) if p.padded else 0
+        dy_t = b * p.k * p.oh * p.ow + p.k * p.cg * p.kh * p.kw   # backward_filter only
+        return (col + pad + dy_t) * p.itemsize
+
+    def forward(self, xp, x, w, p, out, scratch):
+        ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
+        wg = w.reshape(p.group, p.kg, ckk)                  # (G, K/G, C/G*kh*kw)
+        y = out.reshape(p.n, p.group, p.kg, hw)             # (N, G, K/G, oH*oW)
+        for n0, n1 in _blocks(p.n, self.block(p)):
+            col = _im2col(xp, x[n0:n1], p, scratch, batch_inner=False)
+            # (b, G, K/G, oH*oW) = (G, K/G, C/G*kh*kw) @ (b, G, C/G*kh*kw, oH*oW)
+            xp.matmul(wg, col.reshape(n1 - n0, p.group, ckk, hw), out=y[n0:n1])
+
+    def backward_data(self, xp, dy, w, p, out, scratch):
+        ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
+        wt = w.reshape(p.group, p.kg, ckk).transpose(0, 2, 1)    # (G, C/G*kh*kw, K/G)
+        dyv = dy.reshape(p.n, p.group, p.kg, hw)                 # (N, G, K/G, oH*oW)
+        for n0, n1 in _blocks(p.n, self.block(p)):
+            b = n1 - n0
+            col = scratch("conv.col", (b, p.group, ckk, hw), dy.dtype)
+            xp.matmul(wt, dyv[n0:n1], out=col)
+            _col2im(xp, col.reshape(b, p.c, p.kh, p.kw, p.oh, p.ow), p, out[n0:n1], scratch)
+
+    def backward_filter(self, xp, x, dy, p, out, scratch):
+        ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
+        dw = out.reshape(p.group, p.kg, ckk)                     # (G, K/G, C/G*kh*kw)
+        for n0, n1 in _blocks(p.n, self.block(p)):
+            b = n1 - n0
+            # Batch inside the columns so the whole block is one GEMM per group:
+            # dW_g = dY_g (K/G, b*oH*oW) @ col_g^T (b*oH*oW, C/G*kh*kw).
+            col = _im2col(xp, x[n0:n1], p, scratch, batch_inner=True)   # (C, kh, kw, b, oH, oW)
+            dyt = scratch("conv.dy_t", (p.k, b, hw), dy.dtype)
+            dyt[...] = dy[n0:n1].reshape(b, p.k, hw).transpose(1, 0, 2)   # (K, b, oH*oW)
+            lhs = dyt.reshape(p.group, p.kg, b * hw)
+            rhs = col.reshape(p.group, ckk, b * hw).transpose(0, 2, 1)
+            if n0 == 0:
+                xp.matmul(lhs, rhs, out=dw)
+            else:
+                part = scratch("conv.dw_part", dw.shape, dy.dtype)
+                xp.matmul(lhs, rhs, out=part)
+                dw += part
+
+
+def _blocks(n: int, size: int):
+    return ((n0, min(n0 + size, n)) for n0 in range(0, n, size))
+
+
+def _im2col(xp, x, p: ConvProblem, scratch: Scratch, batch_inner: bool):
+    """Columns of a block of images: (b, C, kh, kw, oH, oW), or (C, kh, kw, b, oH, oW)."""
+    b = x.shape[0]
+    src = x
+    if p.padded:
+        hp, wp = p.h + p.pt + p.pb, p.w + p.pl + p.pr
+        src = pad_into(x, scratch("conv.pad", (b, p.c, hp, wp), x.dtype), p.geometry, (2, 3), 0)
+    sn, sc, sy, sx = src.strides
+    # A read-only strided view: element (n, c, i, j, r, s) is src[n, c, r*sh + i*dh, s*sw + j*dw].
+    windows = xp.lib.stride_tricks.as_strided(
+        src, shape=(b, p.c, p.kh, p.kw, p.oh, p.ow),
+        strides=(sn, sc, sy * p.dh, sx * p.dw, sy * p.sh, sx * p.sw))
+    if batch_inner:
+        col = scratch("conv.col", (p.c, p.kh, p.kw, b, p.oh, p.ow), x.dtype)
+        col[...] = windows.transpose(1, 2, 3, 0, 4, 5)
+    else:
+        col = scratch("conv.col", (b, p.c, p.kh, p.kw, p.oh, p.ow), x.dtype)
+        col[...] = windows
+    return col
+
+
+def _col2im(xp, col, p: ConvProblem, out, scratch: Scratch) -> None:
+    """Scatter-add columns (b, C, kh, kw, oH, oW) back to images: one strided add per tap."""
+    b = col.shape[0]
+    g = p.geometry
+    if p.padded:
+        acc = scratch("conv.pad", (b, p.c, p.h + p.pt + p.pb, p.w + p.pl + p.pr), col.dtype)
+    else:
+        acc = out
+    acc.fill(0)
+    for i in range(p.kh):
+        for j in range(p.kw):
+            rows, cols = window_slices(g, i, j, p.oh, p.ow)
+            acc[:, :, rows, cols] += col[:, :, i, j]
+    if p.padded:
+        out[...] = acc[:, :, p.pt:p.pt + p.h, p.pl:p.pl + p.w]
+
+
+# 1×1 as plain GEMM -------------------------------------------------------------------------
+@register_algorithm
+class Gemm1x1(ConvAlgorithm):
+    """A 1×1 kernel without padding is a GEMM over channels; stride > 1 just subsamples."""
+
+    name = "gemm_1x1"
+
+    def applicable(self, p: ConvProblem) -> bool:
+        return p.kh == 1 and p.kw == 1 and not p.padded
+
+    def workspace_bytes(self, p: ConvProblem) -> int:
+        hw = p.oh * p.ow
+        return (p.n * p.c * hw + p.n * p.k * hw) * p.itemsize
+
+    def forward(self, xp, x, w, p, out, scratch):
+        xs = _subsample(x, p, scratch)
+        # (N, G, K/G, oH*oW) = (G, K/G, C/G) @ (N, G, C/G, oH*oW)
+        xp.matmul(w.reshape(p.group, p.kg, p.cg), xs.reshape(p.n, p.group, p.cg, -1),
+                  out=out.reshape(p.n, p.group, p.kg, p.oh * p.ow))
+
+    def backward_data(self, xp, dy, w, p, out, scratch):
+        wt = w.reshape(p.group, p.kg, p.cg).transpose(0, 2, 1)          # (G, C/G, K/G)
+        dyv = dy.reshape(p.n, p.group, p.kg, p.oh * p.ow)
+        if p.sh == 1 and p.sw == 1:
+            xp.matmul(wt, dyv, out=out.reshape(p.n, p.group, p.cg, p.h * p.w))
+            return
+        dxs = scratch("conv.col", (p.n, p.group, p.cg, p.oh * p.ow), dy.dtype)
+        xp.matmul(wt, dyv, out=dxs)
+        out.fill(0)   # pixels that no stride step reads get no gradient
+        rows, cols = window_slices(p.geometry, 0, 0, p.oh, p.ow)
+        out[:, :, rows, cols] = dxs.reshape(p.n, p.c, p.oh, p.ow)
+
+    def backward_filter(self, xp, x, dy, p, out, scratch):
+        hw = p.oh * p.ow
+        # Batch inside the columns: dW_g (K/G, C/G) = dY_g (K/G, N*oH*oW) @ X_g^T.
+        xt = _subsample(x, p, scratch, batch_inner=True)               # (C, N, oH, oW)
+        dyt = scratch("conv.dy_t", (p.k, p.n, hw), dy.dtype)
+        dyt[...] = dy.reshape(p.n, p.k, hw).transpose(1, 0, 2)         # (K, N, oH*oW)
+        xp.matmul(dyt.reshape(p.group, p.kg, p.n * hw),
+                  xt.reshape(p.group, p.cg, p.n * hw).transpose(0, 2, 1),
+                  out=out.reshape(p.group, p.kg, p.cg))
+
+
+def _subsample(x, p: ConvProblem, scratch: Scratch, batch_inner: bool = False):
+    """x at the strided output positions: (N, C, oH, oW), or (C, N, oH, oW); no copy if possible."""
+    rows, cols = window_slices(p.geometry, 0, 0, p.oh, p.ow)
+    picked = x[:, :, rows, cols]
+    if batch_inner:
+        buf = scratch("conv.col", (p.c, p.n, p.oh, p.ow), x.dtype)
+        buf[...] = picked.transpose(1, 0, 2, 3)
+        return buf
+    if p.sh == 1 and p.sw == 1:
+        return x
+    buf = scratch("conv.col", (p.n, p.c, p.oh, p.ow), x.dtype)
+    buf[...] = picked
+    return buf

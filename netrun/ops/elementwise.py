@@ -1,0 +1,283 @@
+"""Binary elementwise arithmetic with broadcasting: Add, Sub, Mul, Div; n-ary Sum.
+
+Two broadcasting rules, as in Caffe2: NumPy's (the default, `broadcast`=0) and the legacy
+`broadcast`=1 form, where B's shape matches a contiguous run of A's dims starting at `axis`
+(axis -1: B matches A's trailing dims) and the output always has A's shape.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from netrun.core.gradient import GradientContext, register_gradient
+from netrun.core.registry import register_kernel
+from netrun.core.schema import MANY, Arg, Args, Cost, TensorSpec, register_schema
+from netrun.errors import SchemaError, ShapeError
+from netrun.ops.common import elementwise_cost, require_same_shape
+from netrun.proto.defs import OperatorDef
+
+
+# Shared helpers (also used by fc.py and shape.py) --------------------------------------
+def fmt(shape: Sequence[int]) -> str:
+    """A shape as error messages print it: 2×3×4 (or 'scalar')."""
+    return str(TensorSpec(tuple(shape)))
+
+
+def sum_to(xp, x, shape: Sequence[int], out) -> None:
+    """Sum `x` over the dims it was broadcast along so it fits `shape`; write into `out`."""
+    shape = tuple(shape)
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape)
+                                      if d == 1 and x.shape[lead + i] != 1)
+    if not axes:
+        xp.copyto(out.reshape(x.shape), x)
+        return
+    # keepdims keeps the reduced dims as 1s: (1,)*lead + shape, the same memory as `shape`.
+    xp.sum(x, axis=axes, keepdims=True, out=out.reshape((1,) * lead + shape))
+
+
+def input_grad_names(g: GradientContext, indices: Sequence[int]
+                     ) -> tuple[list[str], list[OperatorDef]]:
+    """Gradient output names for inputs; a blob read twice (Add(X, X)) gets temporaries + a Sum.
+
+    Each occurrence of a repeated blob writes its own temporary and a Sum of only those
+    writes X_grad, registered once (GI of its first index): the backward builder may then
+    rename that Sum's output when X_grad also gets contributions from other ops.
+    """
+    first: dict[str, int] = {}
+    for i in indices:
+        first.setdefault(g.def_.inputs[i], i)
+    repeated = {b for b in first if sum(g.def_.inputs[i] == b for i in indices) > 1}
+    names, parts = [], {}
+    for i in indices:
+        blob = g.def_.inputs[i]
+        gi = g.GI(first[blob])
+        if blob in repeated:
+            parts.setdefault(gi, []).append(f"{gi}_part{i}")
+            gi = parts[gi][-1]
+        names.append(gi)
+    return names, [g.op("Sum", tmp, [gi]) for gi, tmp in parts.items()]
+
+
+def broadcast_shapes(what: str, a: Sequence[int], b: Sequence[int],
+                     names: tuple[str, str] = ("A", "B")) -> tuple[int, ...]:
+    """NumPy broadcasting of two shapes, or a ShapeError naming both."""
+    a, b = tuple(a), tuple(b)
+    n = max(len(a), len(b))
+    pa, pb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(pa, pb):
+        if x != y and x != 1 and y != 1:
+            raise ShapeError(f"{what}: {names[0]} and {names[1]} cannot be broadcast together "
+                             f"(dims must be equal or 1, aligned from the right): "
+                             f"{names[0]} {fmt(a)}, {names[1]} {fmt(b)}")
+        out.append(max(x, y) if x and y else 0)
+    return tuple(out)
+
+
+def binary_shapes(what: str, a: Sequence[int], b: Sequence[int], args: Args
+                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(B's shape aligned for broadcasting, output shape) under either broadcasting rule."""
+    a, b = tuple(a), tuple(b)
+    if not args.broadcast:
+        return b, broadcast_shapes(what, a, b)
+    axis = len(a) - len(b) if args.axis == -1 else args.axis
+    fits = 0 <= axis and axis + len(b) <= len(a)
+    if fits:
+        fits = all(d == 1 or d == a[axis + i] for i, d in enumerate(b))
+    if not fits:
+        raise ShapeError(f"{what}: with broadcast=1, B's dims must equal A's dims starting at "
+                         f"axis {args.axis} (or be 1): A {fmt(a)}, B {fmt(b)}")
+    # Legacy broadcast: pad B with 1s before `axis` and after its last matched dim.
+    return (1,) * axis + b + (1,) * (len(a) - axis - len(b)), a
+
+
+def _check_broadcast_args(op: OperatorDef, args: Args) -> None:
+    if "axis" in op.args and not args.broadcast:
+        raise SchemaError(f"op {op.label}: argument 'axis' applies only with broadcast=1 "
+                          f"(NumPy broadcasting aligns shapes from the right)")
+    if args.axis < -1:
+        raise SchemaError(f"op {op.label}: argument 'axis' is {args.axis}; use -1 (B matches "
+                          f"A's trailing dims) or a dim index >= 0")
+
+
+BROADCAST_ARGS = (
+    Arg("broadcast", "int", 0, (0, 1), "1: Caffe2's legacy broadcast of B over A at `axis`"),
+    Arg("axis", "int", -1, doc="legacy broadcast: A's dim where B's dims start; -1 = suffix"),
+)
+
+
+# Forward ops ----------------------------------------------------------------------------
+_FORWARD = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "true_divide"}
+_DOCS = {"Add": "Y = A + B", "Sub": "Y = A - B", "Mul": "Y = A * B",
+         "Div": "Y = A / B (floor division for integer inputs)"}
+# In-place pairs the gradients tolerate: Add/Sub read A and B only for their shapes,
+# Div reads Y and B, Mul reads both input values.
+_INPLACE = {"Add": ((0, 0), (1, 0)), "Sub": ((0, 0), (1, 0)), "Mul": (), "Div": ((0, 0),)}
+
+
+def _binary_shape_fn(type: str):
+    def fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+        _, out = binary_shapes(type, ins[0].shape, ins[1].shape, args)
+        return [TensorSpec(out, np.result_type(ins[0].dtype, ins[1].dtype).name)]
+
+    return fn
+
+
+def _binary_kernel(type: str):
+    def kernel(ctx, A, B):
+        xp = ctx.xp
+        b_shape, out_shape = binary_shapes(type, A.shape, B.shape, ctx.args)
+        dtype = np.result_type(A.dtype, B.dtype)
+        Y = ctx.output(0, out_shape, dtype)
+        ufunc = getattr(xp, _FORWARD[type])
+        if type == "Div" and not np.issubdtype(dtype, np.floating):
+            ufunc = xp.floor_divide
+        ufunc(A, B.reshape(b_shape), out=Y)
+
+    return kernel
+
+
+for _type in _FORWARD:
+    register_schema(_type, inputs=2, outputs=1, input_names=("A", "B"), output_names=("Y",),
+                    args=BROADCAST_ARGS, inplace=_INPLACE[_type],
+                    shape_fn=_binary_shape_fn(_type), cost_fn=elementwise_cost(1),
+                    check_fn=_check_broadcast_args, family="elementwise",
+                    doc=f"{_DOCS[_type]}, elementwise with broadcasting (NumPy rules, or "
+                        f"Caffe2's legacy broadcast=1 with axis).")
+    register_kernel(_type)(_binary_kernel(_type))
+
+
+# Gradient ops ---------------------------------------------------------------------------
+# Each takes (dY, A, B[, Y]) and writes (dA, dB), summed back to A's and B's shapes.
+def _grad_shape_fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    return [TensorSpec(ins[1].shape, ins[0].dtype), TensorSpec(ins[2].shape, ins[0].dtype)]
+
+
+def _grad_cost(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
+    return Cost(3 * ins[0].size, sum(i.nbytes for i in ins), sum(o.nbytes for o in outs))
+
+
+def _grad_terms(type: str, xp, dY, A, B, Y):
+    """(dA_full, dB_full) writers: each fills a dY-shaped buffer before the broadcast sum."""
+    if type == "Add":
+        return (lambda o: xp.copyto(o, dY)), (lambda o: xp.copyto(o, dY))
+    if type == "Sub":
+        return (lambda o: xp.copyto(o, dY)), (lambda o: xp.negative(dY, out=o))
+    if type == "Mul":
+        return (lambda o: xp.multiply(dY, B, out=o)), (lambda o: xp.multiply(dY, A, out=o))
+
+    def div_b(o):
+        # d(A/B)/dB = -A/B² = -Y/B, so the gradient reads the output instead of A.
+        xp.multiply(dY, Y, out=o)
+        xp.divide(o, B, out=o)
+        xp.negative(o, out=o)
+
+    return (lambda o: xp.divide(dY, B, out=o)), div_b
+
+
+def _binary_grad_kernel(type: str):
+    def kernel(ctx, dY, A, B, Y=None):
+        xp = ctx.xp
+        b_aligned, _ = binary_shapes(type, A.shape, B.shape, ctx.args)
+        write = _grad_terms(type, xp, dY, A, B.reshape(b_aligned), Y)
+        aligned, shapes = (A.shape, b_aligned), (A.shape, B.shape)
+        # An output written over dY (an in-place forward op) goes last, after dY is used.
+        order = sorted((0, 1), key=lambda i: ctx.def_.outputs[i] == ctx.def_.inputs[0])
+        for i in order:
+            out = ctx.output(i, shapes[i], dY.dtype)
+            if tuple(aligned[i]) == dY.shape:
+                write[i](out.reshape(dY.shape))
+            else:
+                full = ctx.scratch("binary_grad", dY.shape, dY.dtype)
+                write[i](full)
+                sum_to(xp, full, aligned[i], out)
+
+    return kernel
+
+
+# dY may be overwritten by dA or dB; after an in-place forward, dY also stands in for the
+# overwritten input's shape (input 1 or 2), so that pair may alias too.
+_GRAD_INPLACE = {"Add": ((0, 0), (0, 1), (1, 0), (2, 1)), "Sub": ((0, 0), (0, 1), (1, 0), (2, 1)),
+                 "Mul": ((0, 0), (0, 1)), "Div": ((0, 0), (0, 1), (1, 0))}
+for _type in _FORWARD:
+    _div = _type == "Div"
+    register_schema(f"{_type}Gradient", inputs=4 if _div else 3, outputs=2,
+                    input_names=("dY", "A", "B") + (("Y",) if _div else ()),
+                    output_names=("dA", "dB"), args=BROADCAST_ARGS, inplace=_GRAD_INPLACE[_type],
+                    shape_fn=_grad_shape_fn, cost_fn=_grad_cost, family="elementwise",
+                    doc=f"Gradient of {_type}: dY's contributions summed back to A's and B's "
+                        f"shapes." + (" dB = -dY·Y/B." if _div else ""))
+    register_kernel(f"{_type}Gradient")(_binary_grad_kernel(_type))
+
+
+def _binary_maker(type: str):
+    def maker(g: GradientContext) -> list[OperatorDef]:
+        d = g.def_
+        names, sums = input_grad_names(g, (0, 1))
+
+        def ref(i: int) -> str:
+            # Add/Sub/Div read A only for its shape (Add/Sub also B's): when this op wrote
+            # that input in place, dY has the same shape and stands in for it.
+            shape_only = type in ("Add", "Sub") or (i == 0 and type == "Div")
+            if d.inputs[i] == d.outputs[0] and shape_only:
+                return g.GO(0)
+            return g.I(i)
+
+        ins = [g.GO(0), ref(0), ref(1)] + ([g.O(0)] if type == "Div" else [])
+        args = g.copy_args("broadcast", "axis")
+        return [g.op(f"{type}Gradient", ins, names, **args)] + sums
+
+    return maker
+
+
+for _type in _FORWARD:
+    register_gradient(_type)(_binary_maker(_type))
+
+
+# Sum ------------------------------------------------------------------------------------
+def _sum_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    for k, spec in enumerate(ins[1:], start=1):
+        require_same_shape("Sum", ("input 0", f"input {k}"), ins[0], spec)
+    return [ins[0]]
+
+
+def _sum_cost(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
+    return Cost((len(ins) - 1) * outs[0].size, sum(i.nbytes for i in ins), outs[0].nbytes)
+
+
+register_schema("Sum", inputs=(1, MANY), outputs=1, output_names=("Y",), inplace=((0, 0),),
+                shape_fn=_sum_shape, cost_fn=_sum_cost, family="elementwise",
+                doc="Y = X0 + X1 + ... (same shapes). May write over input 0: the backward "
+                    "builder accumulates gradients with Sum([g, tmp], [g]).")
+
+
+@register_kernel("Sum")
+def sum_kernel(ctx, *xs):
+    for k, x in enumerate(xs[1:], start=1):
+        if x.shape != xs[0].shape:
+            raise ShapeError(f"Sum: input 0 has shape {fmt(xs[0].shape)} but input {k} has "
+                             f"shape {fmt(x.shape)}; they must match")
+    Y = ctx.output(0, xs[0].shape, xs[0].dtype)
+    if len(xs) == 1:
+        ctx.xp.copyto(Y, xs[0])
+        return
+    # Y may be xs[0] itself (in place); xs[1:] never alias Y (the schema forbids it).
+    ctx.xp.add(xs[0], xs[1], out=Y)
+    for x in xs[2:]:
+        ctx.xp.add(Y, x, out=Y)
+
+
+@register_gradient("Sum")
+def _sum_grad(g: GradientContext) -> list[OperatorDef]:
+    dY, ops, seen = g.GO(0), [], {}
+    for i, blob in enumerate(g.def_.inputs):
+        seen.setdefault(blob, []).append(i)
+    for blob, idx in seen.items():
+        gi = g.GI(idx[0])
+        if len(idx) > 1:  # Sum(X, X): dX = 2·dY
+            ops.append(g.op("Scale", [dY], [gi], scale=float(len(idx))))
+        elif gi != dY:    # in place over input 0, dX is dY already
+            ops.append(g.op("Copy", [dY], [gi]))
+    return ops

@@ -1,0 +1,294 @@
+"""Normalization: SpatialBN (batch normalization) and LRN. Each section: schema, kernel,
+gradient maker, and the gradient op's schema and kernel."""
+from __future__ import annotations
+
+from netrun.core.gradient import register_gradient
+from netrun.core.registry import register_kernel
+from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
+from netrun.errors import SchemaError, ShapeError
+from netrun.ops.common import same_as_input
+from netrun.ops.loss import input_cost
+
+ORDER = Arg("order", "str", "NCHW", allowed=("NCHW", "NHWC"), doc="layout of X")
+
+
+def channel_axis(order: str, ndim: int) -> int:
+    """The channel axis of an N×C×… (NCHW) or N×…×C (NHWC) tensor."""
+    return 1 if order == "NCHW" else ndim - 1
+
+
+def _per_channel(X, order: str):
+    """(reduce axes, broadcast shape) for per-channel vectors (C,) against X."""
+    c = channel_axis(order, X.ndim)
+    axes = tuple(i for i in range(X.ndim) if i != c)
+    bshape = tuple(X.shape[c] if i == c else 1 for i in range(X.ndim))
+    return axes, bshape
+
+
+# SpatialBN -------------------------------------------------------------------------------
+_BN_ARGS = [Arg("is_test", "int", 0, allowed=(0, 1), doc="1: normalize with the running stats"),
+            Arg("epsilon", "float", 1e-5, doc="added to the variance before the square root"),
+            Arg("momentum", "float", 0.9, doc="running = momentum·running + (1−momentum)·batch"),
+            ORDER]
+
+
+def _bn_check(op, args: Args) -> None:
+    want = 1 if args.is_test else 5
+    if len(op.outputs) != want:
+        mode = "is_test=1" if args.is_test else "training (is_test=0)"
+        raise SchemaError(f"op {op.label}: SpatialBN in {mode} makes {want} output(s) "
+                          f"(argument 'is_test'), got {len(op.outputs)}")
+    if not 0.0 <= args.momentum <= 1.0:
+        raise SchemaError(f"op {op.label}: argument 'momentum' is {args.momentum}; "
+                          f"it must lie in [0, 1]")
+    if args.epsilon <= 0:
+        raise SchemaError(f"op {op.label}: argument 'epsilon' is {args.epsilon}; it must be > 0")
+
+
+def _check_channels(what: str, x: TensorSpec, order: str, vectors, names) -> int:
+    if len(x.shape) < 2:
+        raise ShapeError(f"{what}: X must be at least N×C, got X {x}")
+    c = x.shape[channel_axis(order, len(x.shape))]
+    for name, v in zip(names, vectors):
+        if tuple(v.shape) != (c,):
+            raise ShapeError(f"{what}: {name} has shape {v} but X has {c} channels ({order}): "
+                             f"X {x}, {name} {v}")
+    return c
+
+
+def _bn_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    x = ins[0]
+    c = _check_channels("SpatialBN", x, args.order, ins[1:],
+                        ("scale", "bias", "running_mean", "running_var"))
+    if args.is_test:
+        return [x]
+    if x.size // max(c, 1) < 2:
+        raise ShapeError(f"SpatialBN: training needs more than one value per channel to "
+                         f"estimate a variance, got X {x}")
+    return [x, ins[3], ins[4], TensorSpec((c,), x.dtype), TensorSpec((c,), x.dtype)]
+
+
+register_schema(
+    "SpatialBN", inputs=5, outputs=(1, 5),
+    input_names=("X", "scale", "bias", "running_mean", "running_var"),
+    output_names=("Y", "running_mean", "running_var", "saved_mean", "saved_inv_std"),
+    args=_BN_ARGS, enforce_inplace=((3, 1), (4, 2)), shape_fn=_bn_shape, cost_fn=input_cost(7),
+    check_fn=_bn_check, non_differentiable=(3, 4), family="norm",
+    doc="Y = (X − μ)/√(σ² + ε)·scale + bias per channel. Training: μ, σ² are the batch's "
+        "(biased) statistics, saved as saved_mean and saved_inv_std = 1/√(σ² + ε), and the "
+        "running stats are updated in place: running = momentum·running + (1−momentum)·batch, "
+        "where the running variance takes the unbiased batch variance σ²·M/(M−1), M = N·H·W "
+        "(as Caffe2, Caffe and PyTorch do). is_test=1: μ, σ² are the running stats.")
+
+
+@register_kernel("SpatialBN")
+def spatial_bn(ctx, X, scale, bias, running_mean, running_var):
+    xp, a = ctx.xp, ctx.args
+    axes, bshape = _per_channel(X, a.order)
+    Y = ctx.output(0, X.shape, X.dtype)
+    if a.is_test:
+        # Y = X·s + (bias − μ·s) with s = scale/√(var + ε): one pass over X.
+        s = scale / xp.sqrt(running_var + a.epsilon)
+        xp.multiply(X, s.reshape(bshape).astype(X.dtype, copy=False), out=Y)
+        Y += (bias - running_mean * s).reshape(bshape).astype(X.dtype, copy=False)
+        return
+    m = X.size // scale.size
+    mean = X.mean(axis=axes)
+    xp.subtract(X, mean.reshape(bshape), out=Y)                  # Y holds X − μ for now
+    sq = ctx.scratch("norm.tmp", X.shape, X.dtype)
+    xp.multiply(Y, Y, out=sq)
+    var = sq.mean(axis=axes)                                     # two-pass: no cancellation
+    inv_std = 1.0 / xp.sqrt(var + a.epsilon)
+    Y *= (scale * inv_std).reshape(bshape).astype(X.dtype, copy=False)
+    Y += bias.reshape(bshape).astype(X.dtype, copy=False)
+    # The running stats share the input blobs (enforce_inplace), so compute before writing.
+    new_mean = a.momentum * running_mean + (1.0 - a.momentum) * mean
+    new_var = a.momentum * running_var + (1.0 - a.momentum) * var * (m / (m - 1))
+    ctx.output(1, running_mean.shape, running_mean.dtype)[...] = new_mean
+    ctx.output(2, running_var.shape, running_var.dtype)[...] = new_var
+    ctx.output(3, mean.shape, X.dtype)[...] = mean
+    ctx.output(4, mean.shape, X.dtype)[...] = inv_std
+
+
+def _bn_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    x = ins[0]
+    _check_channels("SpatialBNGradient", x, args.order, ins[1:4],
+                    ("scale", "mean", "inv_std" if not args.is_test else "var"))
+    if tuple(ins[4].shape) != tuple(x.shape):
+        raise ShapeError(f"SpatialBNGradient: dY has shape {ins[4]} but X has shape {x}")
+    return [x, ins[1], ins[1]]
+
+
+register_schema(
+    "SpatialBNGradient", inputs=5, outputs=3,
+    input_names=("X", "scale", "saved_mean", "saved_inv_std", "dY"),
+    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER],
+    shape_fn=_bn_grad_shape, cost_fn=input_cost(8), family="norm",
+    doc="dbias = Σ dY, dscale = Σ dY·x̂, dX = scale·inv_std·(dY − dbias/M − x̂·dscale/M) with "
+        "x̂ = (X − μ)·inv_std. is_test=1: inputs 2 and 3 are running_mean and running_var, "
+        "and dX = dY·scale/√(var + ε) (the statistics are constants).")
+
+
+@register_kernel("SpatialBNGradient")
+def spatial_bn_gradient(ctx, X, scale, mean, inv_std, dY):
+    xp, a = ctx.xp, ctx.args
+    axes, bshape = _per_channel(X, a.order)
+    m = X.size // scale.size
+    if a.is_test:
+        inv_std = 1.0 / xp.sqrt(inv_std + a.epsilon)  # input 3 is the running variance
+    dX = ctx.output(0, X.shape, X.dtype)
+    dbias = dY.sum(axis=axes)
+    xp.subtract(X, mean.reshape(bshape).astype(X.dtype, copy=False), out=dX)  # X − μ
+    tmp = ctx.scratch("norm.tmp", X.shape, X.dtype)
+    xp.multiply(dX, dY, out=tmp)
+    dscale = tmp.sum(axis=axes) * inv_std
+    ctx.output(1, scale.shape, scale.dtype)[...] = dscale
+    ctx.output(2, scale.shape, scale.dtype)[...] = dbias
+    if a.is_test:
+        xp.multiply(dY, (scale * inv_std).reshape(bshape).astype(X.dtype, copy=False), out=dX)
+        return
+    # dX = scale·inv_std · (dY − dbias/M − (X − μ)·inv_std·dscale/M)
+    dX *= (inv_std * dscale / m).reshape(bshape).astype(X.dtype, copy=False)
+    xp.subtract(dY, dX, out=dX)
+    dX -= (dbias / m).reshape(bshape).astype(X.dtype, copy=False)
+    dX *= (scale * inv_std).reshape(bshape).astype(X.dtype, copy=False)
+
+
+@register_gradient("SpatialBN")
+def _spatial_bn_grad(g):
+    args = g.copy_args("is_test", "epsilon", "order")
+    stats = [g.I(3), g.I(4)] if g.args.get("is_test", 0) else [g.O(3), g.O(4)]
+    return [g.op("SpatialBNGradient", [g.I(0), g.I(1), *stats, g.GO(0)],
+                 [g.GI(0), g.GI(1), g.GI(2)], **args)]
+
+
+# LRN -------------------------------------------------------------------------------------
+ACROSS, WITHIN = "ACROSS_CHANNELS", "WITHIN_CHANNEL"
+_LRN_ARGS = [Arg("size", "int", 5, doc="window: channels (across) or size×size pixels (within)"),
+             Arg("alpha", "float", 1e-4), Arg("beta", "float", 0.75),
+             Arg("bias", "float", 1.0, doc="k, added to the scaled window sum"),
+             Arg("norm_region", "str", ACROSS, allowed=(ACROSS, WITHIN),
+                 doc="Caffe's norm_region: across channels (Caffe2's LRN) or within each one"),
+             ORDER]
+
+
+def _lrn_check(op, args: Args) -> None:
+    if args.size < 1 or args.size % 2 == 0:
+        raise SchemaError(f"op {op.label}: argument 'size' is {args.size}; LRN needs an odd "
+                          f"size ≥ 1 so the window is centred (as Caffe requires)")
+    if args.norm_region == WITHIN and args.bias != 1.0:
+        raise SchemaError(f"op {op.label}: argument 'bias' is {args.bias}, but norm_region "
+                          f"WITHIN_CHANNEL fixes k at 1 as Caffe does; leave 'bias' unset")
+
+
+def _lrn_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    x = ins[0]
+    need = 2 if args.norm_region == ACROSS else 3
+    if len(x.shape) < need:
+        raise ShapeError(f"LRN: {args.norm_region} needs X with at least {need} axes, got X {x}")
+    return [x, x]
+
+
+def _lrn_cost(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
+    window = args.size if args.norm_region == ACROSS else 2 * args.size  # separable box sum
+    return input_cost(window + 5)(args, ins, outs)
+
+
+def _window_axes(X, args: Args) -> list[int]:
+    """Axes the LRN window spans: the channel axis, or every spatial axis."""
+    c = channel_axis(args.order, X.ndim)
+    return [c] if args.norm_region == ACROSS else [i for i in range(1, X.ndim) if i != c]
+
+
+def window_sum(src, axis: int, size: int, out) -> None:
+    """out = Σ src over a centred window of `size` along `axis`, zero padded (size is odd)."""
+    n, pad = src.shape[axis], (size - 1) // 2
+    out.fill(0)
+    for d in range(-pad, pad + 1):  # `size` shifted adds, not a loop over elements
+        lo, hi = max(0, -d), n - max(0, d)
+        if lo >= hi:
+            continue
+        dst = [slice(None)] * src.ndim
+        s = list(dst)
+        dst[axis], s[axis] = slice(lo, hi), slice(lo + d, hi + d)
+        out[tuple(dst)] += src[tuple(s)]
+
+
+def lrn_scale(ctx, X, out) -> None:
+    """out = k + alpha/n · Σ_window x², n = size (across) or size² (within, k = 1): Caffe's."""
+    xp, a = ctx.xp, ctx.args
+    axes = _window_axes(X, a)
+    sq = ctx.scratch("norm.tmp", X.shape, X.dtype)
+    xp.multiply(X, X, out=sq)
+    _box_sum(ctx, sq, axes, out)
+    out *= a.alpha / a.size ** len(axes)
+    out += a.bias
+
+
+def _box_sum(ctx, src, axes: list[int], out) -> None:
+    """Separable box sum of `src` over `axes` into out, one window_sum per axis."""
+    for i, axis in enumerate(axes):
+        dst = out if (len(axes) - i) % 2 == 1 else ctx.scratch("norm.box", src.shape, src.dtype)
+        window_sum(src, axis, ctx.args.size, dst)
+        src = dst
+
+
+register_schema(
+    "LRN", inputs=1, outputs=(1, 2), input_names=("X",), output_names=("Y", "scale"),
+    args=_LRN_ARGS, shape_fn=_lrn_shape, cost_fn=_lrn_cost, check_fn=_lrn_check, family="norm",
+    doc="Local response normalization (Caffe/Caffe2): scale = k + alpha/size · Σ x² over "
+        "`size` neighbouring channels (ACROSS_CHANNELS), or 1 + alpha/size² · Σ x² over a "
+        "size×size window zero-padded by (size−1)/2 (WITHIN_CHANNEL); Y = X · scale^−beta. "
+        "The optional second output keeps scale for the gradient.")
+
+
+@register_kernel("LRN")
+def lrn(ctx, X):
+    xp, a = ctx.xp, ctx.args
+    keep = len(ctx.def_.outputs) == 2
+    scale = ctx.output(1, X.shape, X.dtype) if keep else ctx.scratch("norm.scale", X.shape,
+                                                                     X.dtype)
+    lrn_scale(ctx, X, scale)
+    Y = ctx.output(0, X.shape, X.dtype)
+    xp.power(scale, -a.beta, out=Y)
+    Y *= X
+
+
+register_schema(
+    "LRNGradient", inputs=(2, 3), outputs=1, input_names=("X", "scale", "dY"),
+    output_names=("dX",), args=_LRN_ARGS, shape_fn=same_as_input(0), cost_fn=_lrn_cost,
+    check_fn=_lrn_check, family="norm",
+    doc="dX = dY·scale^−beta − 2·alpha·beta/n · X · Σ_window(dY·X·scale^(−beta−1)); inputs "
+        "(X, [scale], dY): without scale it is recomputed from X. Y is not read (Caffe2 reads "
+        "it), so an in-place op may overwrite LRN's output.")
+
+
+@register_kernel("LRNGradient")
+def lrn_gradient(ctx, X, *rest):
+    xp, a = ctx.xp, ctx.args
+    if len(rest) == 2:
+        scale, dY = rest
+    else:
+        dY = rest[0]
+        scale = ctx.scratch("norm.scale", X.shape, X.dtype)
+        lrn_scale(ctx, X, scale)
+    axes = _window_axes(X, a)
+    # first = dY·scale^−beta is dX's direct term; dY·Y/scale = first·X/scale feeds the window.
+    first = ctx.scratch("norm.tmp", X.shape, X.dtype)
+    xp.power(scale, -a.beta, out=first)
+    first *= dY
+    through = ctx.scratch("norm.through", X.shape, X.dtype)
+    xp.multiply(first, X, out=through)
+    through /= scale
+    dX = ctx.output(0, X.shape, X.dtype)
+    # The window is symmetric, so the transposed window sum of the chain rule is the same sum.
+    _box_sum(ctx, through, axes, dX)
+    dX *= X
+    dX *= -2.0 * a.alpha * a.beta / a.size ** len(axes)
+    dX += first
+
+
+@register_gradient("LRN")
+def _lrn_grad(g):
+    scale = [g.O(1)] if len(g.def_.outputs) == 2 else []
+    return [g.op("LRNGradient", [g.I(0), *scale, g.GO(0)], [g.GI(0)], **g.copy_args())]

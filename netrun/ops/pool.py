@@ -1,0 +1,278 @@
+"""Pooling: MaxPool, AveragePool and their gradients (Caffe2's pool_op, Caffe's ceil mode).
+
+Both layouts are handled natively: every kernel loops over the kh·kw window taps and
+combines strided slices of a padded copy of the input, never over pixels.
+MaxPoolGradient takes (X, Y, dY) as in Caffe2 and recomputes where the maximum was, so the
+forward pass stores nothing extra: the first tap (in window order) whose value equals Y wins.
+"""
+from __future__ import annotations
+
+from netrun.core.gradient import register_gradient
+from netrun.core.registry import register_kernel
+from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
+from netrun.errors import SchemaError, ShapeError
+from netrun.ops.common import same_as_input
+from netrun.ops.geometry import (ConvGeometry, conv_pool_args, pad_into, spatial_index,
+                                 window_slices)
+
+_POOL_ARGS = conv_pool_args() + (
+    Arg("global_pooling", "int", 0, allowed=(0, 1), doc="1: one window over the whole image"),)
+_AVG_ARGS = _POOL_ARGS + (
+    Arg("count_include_pad", "int", 1, allowed=(0, 1),
+        doc="1: Caffe's divisor (padding counts, ceil-mode overhang does not); "
+            "0: divide by the in-image elements only"),)
+
+
+def _check(op, args: Args) -> None:
+    """Build-time rules: explicit kernel (unless global), no dilation, pads smaller than kernel."""
+    geom = ConvGeometry.from_args(args, op.label, require_kernel=not args.global_pooling)
+    if geom.dh != 1 or geom.dw != 1:
+        raise SchemaError(f"op {op.label}: argument 'dilation' is not supported by pooling ops")
+    if args.global_pooling:
+        given = [n for n in ("kernel", "kernel_h", "kernel_w", "kernels", "stride", "stride_h",
+                             "stride_w", "strides", "pad", "pads", "pad_t", "pad_l", "pad_b",
+                             "pad_r") if args.get(n) is not None]
+        if given or geom.legacy_pad != "NOTSET":
+            name = given[0] if given else "legacy_pad"
+            raise SchemaError(f"op {op.label}: argument '{name}' cannot be combined with "
+                              f"global_pooling=1 (the window is the whole image)")
+        return
+    # Caffe: pad < kernel, so every window holds at least one pixel of the image.
+    if max(geom.pt, geom.pb) >= geom.kh or max(geom.pl, geom.pr) >= geom.kw:
+        raise SchemaError(f"op {op.label}: argument 'pad' must be smaller than the kernel "
+                          f"{geom.kh}×{geom.kw}, got pads {list(geom.pads)}")
+
+
+def _axes(args: Args) -> tuple[int, int]:
+    """The spatial axes of a 4-D tensor in the op's storage order."""
+    return (1, 2) if args.order == "NHWC" else (2, 3)
+
+
+def _geometry(args: Args, shape, what: str) -> tuple[ConvGeometry, ConvGeometry, int, int]:
+    """(declared, resolved) geometry and the output size for a 4-D input shape."""
+    if len(shape) != 4:
+        raise ShapeError(f"{what} must be 4-D ({args.order}) for 2-D pooling")
+    ah, aw = _axes(args)
+    h, w = shape[ah], shape[aw]
+    if args.global_pooling:
+        declared = ConvGeometry(h, w)
+    else:
+        declared = ConvGeometry.from_args(args)
+    resolved = declared.resolve(h, w, what)
+    oh, ow = declared.output_size(h, w, what)
+    return declared, resolved, oh, ow
+
+
+def _out_shape(args: Args, shape, oh: int, ow: int) -> tuple[int, ...]:
+    out = list(shape)
+    ah, aw = _axes(args)
+    out[ah], out[aw] = oh, ow
+    return tuple(out)
+
+
+def _shape_fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    x = ins[0]
+    _, _, oh, ow = _geometry(args, x.shape, f"X {x}")
+    return [TensorSpec(_out_shape(args, x.shape, oh, ow), x.dtype)]
+
+
+def _cost_fn(extra_per_output: int):
+    """kh·kw operations per pooled element (+ `extra_per_output`); inputs read, outputs written."""
+
+    def fn(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
+        x = ins[0]
+        g, _, oh, ow = _geometry(args, x.shape, f"X {x}")
+        pooled = _out_shape(args, x.shape, oh, ow)
+        count = pooled[0] * pooled[1] * pooled[2] * pooled[3]
+        return Cost(count * (g.kh * g.kw + extra_per_output), sum(i.nbytes for i in ins),
+                    sum(o.nbytes for o in outs))
+
+    return fn
+
+
+def _setup(ctx, X):
+    """Resolved geometry, output shape and (for averages) the divisor, kept in ctx.state."""
+    cached = ctx.state.get("setup")
+    if cached is None or cached[0] != X.shape:
+        try:
+            declared, g, oh, ow = _geometry(ctx.args, X.shape, "X " + "×".join(map(str, X.shape)))
+        except ShapeError as e:
+            raise ShapeError(f"op {ctx.def_.label}: {e}") from None
+        divisor = None
+        if ctx.def_.type.startswith("AveragePool"):
+            divisor = _divisor(ctx, declared, g, X, oh, ow)
+        cached = ctx.state["setup"] = (X.shape, g, oh, ow, divisor)
+    return cached[1:]
+
+
+def _divisor(ctx, declared: ConvGeometry, g: ConvGeometry, X, oh: int, ow: int):
+    """Window sizes per output position, shaped to broadcast against Y.
+
+    Caffe: hstart = oh·s - pad_t; hend = min(hstart + k, H + pad_b); size = hend - hstart
+    (padding counts, the ceil-mode overhang beyond the padded image does not). With
+    count_include_pad=0 the window is clipped to the image instead. Separable in h and w.
+    """
+    xp = ctx.xp
+    ah, aw = _axes(ctx.args)
+    h, w = X.shape[ah], X.shape[aw]
+    tail_b, tail_r = declared.counted_tail_pads(h, w)
+
+    def sizes(n_out, size, k, s, head, tail):
+        start = xp.arange(n_out) * s - head
+        end = xp.minimum(start + k, size + tail)
+        if not ctx.args.count_include_pad:
+            start, end = xp.maximum(start, 0), xp.minimum(end, size)
+        return end - start
+
+    rows = sizes(oh, h, g.kh, g.sh, g.pt, tail_b)
+    cols = sizes(ow, w, g.kw, g.sw, g.pl, tail_r)
+    div = (rows[:, None] * cols[None, :]).astype(X.dtype)
+    return div[:, :, None] if ctx.args.order == "NHWC" else div   # (oH, oW[, 1])
+
+
+def _padded(ctx, X, g: ConvGeometry, axes, value: float):
+    """X with g's pads on the spatial axes filled with `value` (scratch), or X if unpadded."""
+    if not g.padded:
+        return X
+    return pad_into(X, ctx.scratch("pool.pad", _padded_shape(X.shape, g, axes), X.dtype), g,
+                    axes, value)
+
+
+def _taps(g: ConvGeometry, axes, oh: int, ow: int):
+    """Index tuples of the padded input that each window tap reads, in window order."""
+    for i in range(g.kh):
+        for j in range(g.kw):
+            yield spatial_index(axes, *window_slices(g, i, j, oh, ow))
+
+
+def _accumulator(ctx, dX, g: ConvGeometry, axes):
+    """A zeroed gradient buffer with room for the pads (dX itself when there are none)."""
+    acc = dX if not g.padded else ctx.scratch("pool.acc", _padded_shape(dX.shape, g, axes),
+                                              dX.dtype)
+    acc.fill(0)
+    return acc
+
+
+def _padded_shape(shape, g: ConvGeometry, axes) -> tuple[int, ...]:
+    out = list(shape)
+    out[axes[0]] += g.pt + g.pb
+    out[axes[1]] += g.pl + g.pr
+    return tuple(out)
+
+
+def _unpad(acc, dX, g: ConvGeometry, axes) -> None:
+    if acc is not dX:
+        h, w = dX.shape[axes[0]], dX.shape[axes[1]]
+        dX[...] = acc[spatial_index(axes, slice(g.pt, g.pt + h), slice(g.pl, g.pl + w))]
+
+
+def _register(type: str, args, extra: int, doc: str, grad_inputs: tuple[int, int],
+              grad_doc: str) -> None:
+    register_schema(type, inputs=1, outputs=1, input_names=("X",), output_names=("Y",),
+                    args=args, shape_fn=_shape_fn, cost_fn=_cost_fn(extra), check_fn=_check,
+                    family="pool", doc=doc)
+    register_schema(f"{type}Gradient", inputs=grad_inputs, outputs=1,
+                    input_names=("X", "Y", "dY"), output_names=("dX",), args=args,
+                    shape_fn=same_as_input(0), cost_fn=_cost_fn(extra), check_fn=_check,
+                    family="pool", doc=grad_doc)
+
+
+def _check_pooled(ctx, role: str, a, shape) -> None:
+    """ShapeError unless `a` (Y or dY of a gradient op) has the pooled output's shape."""
+    if tuple(a.shape) != tuple(shape):
+        raise ShapeError(f"op {ctx.def_.label}: {role} has shape {'×'.join(map(str, a.shape))} "
+                         f"but the pooled output of X is {'×'.join(map(str, shape))}")
+
+
+# MaxPool --------------------------------------------------------------------------------------
+_register("MaxPool", _POOL_ARGS, 0,
+          doc="Maximum over each kernel window. Padding never wins (it is -inf); Caffe's ceil "
+              "mode with legacy_pad=CAFFE_LEGACY_POOLING.",
+          grad_inputs=(3, 3),
+          grad_doc="dX: dY routed to the first maximum of each window in window order, found "
+                   "again from X and Y (nothing is stored by the forward pass).")
+
+
+@register_kernel("MaxPool")
+def max_pool(ctx, X):
+    g, oh, ow, _ = _setup(ctx, X)
+    axes = _axes(ctx.args)
+    Y = ctx.output(0, _out_shape(ctx.args, X.shape, oh, ow), X.dtype)
+    src = _padded(ctx, X, g, axes, float("-inf"))
+    for t, tap in enumerate(_taps(g, axes, oh, ow)):
+        if t == 0:
+            Y[...] = src[tap]
+        else:
+            ctx.xp.maximum(Y, src[tap], out=Y)
+
+
+@register_kernel("MaxPoolGradient")
+def max_pool_gradient(ctx, X, Y, dY):
+    g, oh, ow, _ = _setup(ctx, X)
+    xp, axes = ctx.xp, _axes(ctx.args)
+    _check_pooled(ctx, "dY", dY, _out_shape(ctx.args, X.shape, oh, ow))
+    _check_pooled(ctx, "Y", Y, _out_shape(ctx.args, X.shape, oh, ow))
+    dX = ctx.output(0, X.shape, X.dtype)
+    src = _padded(ctx, X, g, axes, float("-inf"))
+    acc = _accumulator(ctx, dX, g, axes)
+    taken = ctx.scratch("pool.taken", Y.shape, "bool")   # windows whose max was routed already
+    hit = ctx.scratch("pool.hit", Y.shape, "bool")
+    part = ctx.scratch("pool.part", Y.shape, dY.dtype)
+    taken.fill(False)
+    for tap in _taps(g, axes, oh, ow):
+        xp.equal(src[tap], Y, out=hit)
+        xp.greater(hit, taken, out=hit)      # hit and not taken: ties go to the first tap
+        xp.logical_or(taken, hit, out=taken)
+        xp.multiply(dY, hit, out=part)
+        acc[tap] += part
+    _unpad(acc, dX, g, axes)
+
+
+@register_gradient("MaxPool")
+def _max_pool_grad(g):
+    return [g.op("MaxPoolGradient", [g.I(0), g.O(0), g.GO(0)], [g.GI(0)], **g.copy_args())]
+
+
+# AveragePool ----------------------------------------------------------------------------------
+_register("AveragePool", _AVG_ARGS, 1,
+          doc="Mean over each kernel window. Divisor (Caffe's rule, count_include_pad=1): the "
+              "window clipped to the padded image [-pad_t, H + pad_b), so padding counts but the "
+              "ceil-mode overhang beyond it does not; count_include_pad=0 clips the window to "
+              "the image.",
+          grad_inputs=(2, 3),
+          grad_doc="dX: each dY spread evenly (by the forward divisor) over its window. Inputs "
+                   "(X, dY), or Caffe2's (X, Y, dY) where Y is not read; X gives the shape.")
+
+
+@register_kernel("AveragePool")
+def average_pool(ctx, X):
+    g, oh, ow, divisor = _setup(ctx, X)
+    axes = _axes(ctx.args)
+    Y = ctx.output(0, _out_shape(ctx.args, X.shape, oh, ow), X.dtype)
+    src = _padded(ctx, X, g, axes, 0.0)
+    for t, tap in enumerate(_taps(g, axes, oh, ow)):
+        if t == 0:
+            Y[...] = src[tap]
+        else:
+            Y += src[tap]
+    ctx.xp.divide(Y, divisor, out=Y)
+
+
+@register_kernel("AveragePoolGradient")
+def average_pool_gradient(ctx, X, *rest):
+    dY = rest[-1]
+    g, oh, ow, divisor = _setup(ctx, X)
+    axes = _axes(ctx.args)
+    _check_pooled(ctx, "dY", dY, _out_shape(ctx.args, X.shape, oh, ow))
+    dX = ctx.output(0, X.shape, X.dtype)
+    share = ctx.scratch("pool.part", dY.shape, dY.dtype)
+    ctx.xp.divide(dY, divisor, out=share)
+    acc = _accumulator(ctx, dX, g, axes)
+    for tap in _taps(g, axes, oh, ow):
+        acc[tap] += share
+    _unpad(acc, dX, g, axes)
+
+
+@register_gradient("AveragePool")
+def _average_pool_grad(g):
+    return [g.op("AveragePoolGradient", [g.I(0), g.GO(0)], [g.GI(0)], **g.copy_args())]

@@ -1,0 +1,59 @@
+"""Data for training: sources by name, transforms, and the batch loader.
+
+```python
+source = make_source({"source": "mnist", "split": "mnist-10k"}, data_dir=None)
+source.train.data, source.train.label      # float32 N x 1 x 28 x 28 (0..255), int32 N
+transform = make_transform({"scale": 1 / 256})
+loader = BatchLoader(source.train, 64, seed=1, transform=transform)
+data, label = next(loader)
+```
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from netrun.errors import ConfigError, suggest
+from netrun.train.data import generated, hdf5, mnist, npz  # noqa: F401  (fill SOURCES)
+from netrun.train.data.base import SOURCES, Arrays, DataSource, SourceRequest, register_source
+from netrun.train.data.loader import BatchLoader, iterate_once
+from netrun.train.data.paths import expand_path, resolve_data_dir
+from netrun.train.data.transforms import Transform, make_transform
+
+
+def parse_spec(spec: str) -> tuple[dict, str | None]:
+    """'mnist-10k:test' -> ({'source': 'mnist-10k'}, 'test'); the part is optional."""
+    name, _, part = spec.partition(":")
+    if not name:
+        raise ConfigError(f"data spec '{spec}': expected SOURCE or SOURCE:PART")
+    return {"source": name}, (part or None)
+
+
+def make_source(cfg: dict | str, data_dir: str | os.PathLike | None = None, *,
+                config_dir: str | os.PathLike | None = None) -> DataSource:
+    """The data source a `data:` config (or a spec like 'mnist-10k:test') describes.
+
+    The data folder is `data_dir` (e.g. --data-dir), else `cfg['dir']`, else
+    `$NETRUN_DATA/<source>`, else `~/.cache/netrun/<source>`. Relative file names in the
+    config resolve against that folder when one is given, else against `config_dir`.
+    """
+    if isinstance(cfg, str):
+        cfg = parse_spec(cfg)[0]
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"data: expected a mapping with 'source', got {cfg!r}")
+    name = cfg.get("source")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"data: missing 'source' (one of {', '.join(sorted(SOURCES))})")
+    key = name.strip().lower()
+    if key not in SOURCES:
+        raise ConfigError(f"data.source: unknown data source '{name}'"
+                          f"{suggest(key, SOURCES) or ''} (known: {', '.join(sorted(SOURCES))})")
+    explicit = data_dir if data_dir is not None else cfg.get("dir")
+    request = SourceRequest(key, cfg, None if explicit is None else str(explicit),
+                            Path(config_dir) if config_dir is not None else Path.cwd())
+    return SOURCES[key](request)
+
+
+__all__ = ["make_source", "parse_spec", "make_transform", "Transform", "BatchLoader",
+           "iterate_once", "Arrays", "DataSource", "SourceRequest", "register_source",
+           "SOURCES", "expand_path", "resolve_data_dir"]

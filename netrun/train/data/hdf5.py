@@ -1,0 +1,189 @@
+"""Source `hdf5`, in the style of Caffe's HDF5Data layer: datasets `data` and `label`
+spread over a list of `.h5` files, read into memory or lazily, batch by batch.
+
+Each part (`train:`, `test:`) names one `.h5` file, a glob, a list of those, or, as Caffe's
+`source` did, a text file with one `.h5` path per line (relative to the list's folder).
+"""
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from netrun.errors import ConfigError, NetrunError
+from netrun.train.data.base import (Arrays, DataSource, SourceRequest, as_images, as_labels,
+                                    check_lengths, label_dtype, register_source)
+from netrun.train.data.paths import expand_path
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError:
+        raise NetrunError("the hdf5 data source needs h5py: pip install h5py") from None
+    return h5py
+
+
+class LazyH5Array:
+    """The rows of one dataset across several HDF5 files, read when indexed (float32)."""
+
+    def __init__(self, files: list[Path], key: str, counts: list[int], row_shape: tuple):
+        self.files, self.key = files, key
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # (H, W) rows get a channel axis, as in-memory data does.
+        self.row_shape = (1, *row_shape) if len(row_shape) == 2 else tuple(row_shape)
+        self.shape = (int(self.offsets[-1]), *self.row_shape)
+        self.dtype = np.dtype(np.float32)
+        self.ndim = len(self.shape)
+        self._open: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if isinstance(index, (int, np.integer)):
+            return self[np.array([index])][0]
+        idx = np.arange(len(self))[index] if isinstance(index, slice) else np.asarray(index)
+        idx = np.where(idx < 0, idx + len(self), idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"index out of range for {len(self)} rows")
+        # h5py reads fancy indices only when increasing and unique: read those, then reorder.
+        rows, inverse = np.unique(idx, return_inverse=True)
+        out = np.empty((len(rows), *self.row_shape), np.float32)
+        which = np.searchsorted(self.offsets, rows, side="right") - 1
+        for f in np.unique(which):
+            sel = which == f
+            data = self._dataset(int(f))[rows[sel] - self.offsets[f]]
+            out[sel] = data.reshape(-1, *self.row_shape)
+        return out[inverse.reshape(idx.shape)]
+
+    def _dataset(self, f: int) -> Any:
+        if f not in self._open:
+            self._open[f] = _h5py().File(self.files[f], "r")
+        return self._open[f][self.key]
+
+    def close(self) -> None:
+        """Close the files opened so far."""
+        for handle in self._open.values():
+            handle.close()
+        self._open.clear()
+
+
+class Hdf5Source(DataSource):
+    """Parts from lists of HDF5 files with a data and a label dataset each."""
+
+    name = "hdf5"
+
+    def __init__(self, files: dict[str, list[Path]], data_key: str = "data",
+                 label_key: str = "label", lazy: bool = False, label_dtype: str = "int32",
+                 num_classes: int | None = None):
+        super().__init__()
+        self.files, self.parts = files, tuple(files)
+        self.data_key, self.label_key, self.lazy = data_key, label_key, lazy
+        self.label_dtype, self._num_classes = label_dtype, num_classes
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:  # type: ignore[override]
+        """Per-example data shape, from the first part's files (without reading the data)."""
+        first = self.parts[0]
+        _, row_shape = self._scan(first)
+        return (1, *row_shape) if len(row_shape) == 2 else row_shape
+
+    @property
+    def num_classes(self) -> int:  # type: ignore[override]
+        """Configured `num_classes`, else 1 + the largest training label."""
+        if self._num_classes is not None:
+            return int(self._num_classes)
+        labels = self.part(self.parts[0]).label
+        return int(labels.max()) + 1 if labels.size else 0
+
+    def describe(self) -> str:
+        """One line for logs."""
+        return ", ".join(f"{p}: {len(fs)} file(s)" for p, fs in self.files.items()) + \
+            (" (lazy)" if self.lazy else "")
+
+    def _scan(self, part: str) -> tuple[list[int], tuple]:
+        """Row counts per file and the common row shape; checks keys and lengths."""
+        h5py = _h5py()
+        counts, row_shape = [], None
+        for path in self.files[part]:
+            try:
+                with h5py.File(path, "r") as f:
+                    for key in (self.data_key, self.label_key):
+                        if key not in f:
+                            raise NetrunError(f"{path}: no dataset '{key}' (it has: "
+                                              f"{', '.join(sorted(f.keys())) or 'nothing'})")
+                    data, label = f[self.data_key], f[self.label_key]
+                    check_lengths(data, label, str(path))
+                    if row_shape is not None and data.shape[1:] != row_shape:
+                        raise NetrunError(f"{path}: '{self.data_key}' rows are {data.shape[1:]},"
+                                          f" earlier files have {row_shape}")
+                    counts.append(len(data))
+                    row_shape = data.shape[1:]
+            except OSError as e:
+                raise NetrunError(f"{path}: cannot read as HDF5 ({e})") from None
+        return counts, tuple(row_shape or ())
+
+    def _load(self, part: str) -> Arrays:
+        h5py = _h5py()
+        counts, row_shape = self._scan(part)
+        labels, datas = [], []
+        for path in self.files[part]:
+            with h5py.File(path, "r") as f:
+                labels.append(f[self.label_key][()])
+                if not self.lazy:
+                    datas.append(f[self.data_key][()])
+        where = f"hdf5 {part} ({self.files[part][0]}...)"
+        label = as_labels(np.concatenate(labels), where, self.label_dtype)
+        if self.lazy:
+            return Arrays(LazyH5Array(self.files[part], self.data_key, counts, row_shape), label)
+        return Arrays(as_images(np.concatenate(datas), where), label)
+
+
+def expand_files(value: Any, base: Path, what: str) -> list[Path]:
+    """HDF5 paths from a path, a glob, a list of those, or a text file listing paths."""
+    if isinstance(value, (list, tuple)):
+        return [p for item in value for p in expand_files(item, base, what)]
+    if not isinstance(value, (str, Path)):
+        raise ConfigError(f"{what}: expected a file name or a list of them, got {value!r}")
+    path = Path(expand_path(str(value)))
+    path = path if path.is_absolute() else base / path
+    if any(ch in str(value) for ch in "*?["):
+        found = sorted(Path(p) for p in glob.glob(str(path)))
+        if not found:
+            raise NetrunError(f"{what}: no file matches {path}")
+        return found
+    if not path.is_file():
+        raise NetrunError(f"{what}: no such file {path}")
+    if _h5py().is_hdf5(path):
+        return [path]
+    # A Caffe-style list: one path per line, relative to the list's own folder (or, as in
+    # Caffe, to the working directory).
+    try:
+        entries = [line.strip() for line in path.read_text().splitlines()]
+    except UnicodeDecodeError:
+        raise NetrunError(f"{what}: {path} is neither an HDF5 file nor a text list of them")
+    files = [Path(expand_path(e)) for e in entries if e and not e.startswith("#")]
+    files = [f if f.is_absolute() or not (path.parent / f).exists() else path.parent / f
+             for f in files]
+    if not files:
+        raise NetrunError(f"{path}: the HDF5 file list is empty")
+    for f in files:
+        if not f.is_file():
+            raise NetrunError(f"{path}: lists {f}, which does not exist")
+    return files
+
+
+@register_source("hdf5", "h5")
+def make_hdf5(request: SourceRequest) -> Hdf5Source:
+    """`source: hdf5` with `train:`/`test:` file lists and optional dataset names."""
+    cfg = request.cfg
+    files = {part: expand_files(cfg[part], request.file_base(), f"data.{part}")
+             for part in ("train", "test") if cfg.get(part) is not None}
+    if not files:
+        raise ConfigError("data: the hdf5 source needs 'train:' and/or 'test:' (an .h5 file, "
+                          "a glob, a list, or a text file listing .h5 files)")
+    return Hdf5Source(files, str(cfg.get("data_key", "data")), str(cfg.get("label_key", "label")),
+                      bool(cfg.get("lazy", False)), label_dtype(cfg), cfg.get("num_classes"))
