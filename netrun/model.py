@@ -68,7 +68,7 @@ class Model:
 
     def input_specs(self, batch_size: int = 1,
                     overrides: Mapping[str, TensorSpec] | None = None) -> dict[str, TensorSpec]:
-        """Full specs (batch first) of every input and known parameter; overrides are full shapes."""
+        """Full specs (batch first) of the inputs and known params; overrides are full shapes."""
         specs = {p.name: TensorSpec(p.shape) for p in self.params if p.shape is not None}
         for name, spec in self.inputs.items():
             if spec is not None:

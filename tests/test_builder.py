@@ -66,7 +66,8 @@ def test_dropout_spatial_bn_and_lrn_differ_between_training_and_test_mode():
     m = b.build()
     (bn_t, lrn_t, drop_t), (bn_p, lrn_p, drop_p) = m.train_net.ops, m.predict_net.ops
     assert bn_t.inputs == ("x", "bn_s", "bn_b", "bn_rm", "bn_riv")
-    assert bn_t.outputs == ("bn", "bn_rm", "bn_riv", "bn_sm", "bn_siv") and bn_t.args["is_test"] == 0
+    assert bn_t.outputs == ("bn", "bn_rm", "bn_riv", "bn_sm", "bn_siv")
+    assert bn_t.args["is_test"] == 0
     assert bn_p.outputs == ("bn",) and bn_p.args["is_test"] == 1 and bn_p.args["epsilon"] == 1e-3
     assert lrn_t.outputs == ("norm", "norm_scale") and lrn_p.outputs == ("norm",)
     assert drop_t.outputs == ("drop", "drop_mask") and drop_t.args == {"ratio": 0.3, "is_test": 0}
@@ -114,7 +115,8 @@ def test_fillers_by_name_or_mapping(filler, op_type, args):
 
 @pytest.mark.parametrize("filler, message", [
     ("xavir", "unknown filler 'xavir', did you mean 'xavier'?"),
-    ({"type": "gaussian", "sdt": 1.0}, "filler 'gaussian' has no option 'sdt', did you mean 'std'?"),
+    ({"type": "gaussian", "sdt": 1.0},
+     "filler 'gaussian' has no option 'sdt', did you mean 'std'?"),
     ({"std": 1.0}, "a filler is a name"),
 ])
 def test_bad_fillers(filler, message):
@@ -126,7 +128,8 @@ def test_builder_errors_name_the_layer_and_the_blob():
     b = ModelBuilder("m")
     b.add_input("data", (3, 8, 8))
     b.conv(None, "conv1", num_output=4, kernel=3)
-    with pytest.raises(NetrunError, match="input blob 'conv2' does not exist, did you mean 'conv1'"):
+    with pytest.raises(NetrunError,
+                       match="input blob 'conv2' does not exist, did you mean 'conv1'"):
         b.relu("conv2", "r")
     with pytest.raises(NetrunError, match="two layers are named 'conv1'"):
         b.relu(None, "conv1", output="other")

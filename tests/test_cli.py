@@ -176,3 +176,10 @@ def test_colour_follows_the_options():
 def test_missing_model_file_is_a_clear_error(tmp_path):
     result = run("inspect", str(tmp_path / "nope.yaml"), code=2)
     assert "no such model file" in result.stderr
+
+
+def test_verbosity_flags_change_only_stderr():
+    loud, quiet = run("-v", "inspect", MLP), run("-q", "ops")
+    assert "loaded model 'MLP'" in loud.stderr and "parameters: 269,322" in loud.stdout
+    assert quiet.stderr == "" and "Conv" in quiet.stdout
+    assert "loaded model" not in run("inspect", MLP).stderr

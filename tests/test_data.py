@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from netrun.errors import ConfigError, NetrunError
-from netrun.train.data import download, expand_path, make_source, parse_spec, resolve_data_dir
+from netrun.train.data import (BatchLoader, download, expand_path, make_source, parse_spec,
+                               resolve_data_dir)
 from netrun.train.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx, write_idx
 from netrun.train.data.mnist import FILES
 
@@ -324,6 +325,17 @@ def test_hdf5_multi_file(h5_files, spec, lazy):
     np.testing.assert_array_equal(train.data[idx], data[idx])      # across files, any order
     np.testing.assert_array_equal(train.data[2:12], data[2:12])
     assert source.test.data.shape == (8, 2, 3, 3)
+
+
+def test_lazy_hdf5_feeds_the_loader_like_memory(h5_files):
+    folder, _, _ = h5_files
+    parts = [make_source({"source": "hdf5", "train": "train.txt", "lazy": lazy},
+                         config_dir=folder).train for lazy in (False, True)]
+    eager, lazy = (BatchLoader(p, 7, seed=3, prefetch=False) for p in parts)
+    for _ in range(6):
+        (x0, y0), (x1, y1) = next(eager), next(lazy)
+        np.testing.assert_array_equal(x0, x1)
+        np.testing.assert_array_equal(y0, y1)
 
 
 def test_hdf5_keys_shapes_and_labels(tmp_path):

@@ -33,11 +33,11 @@ def _numpy_lenet(x: np.ndarray, p: dict[str, np.ndarray]) -> np.ndarray:
     return h @ p["ip2_w"].T + p["ip2_b"]
 
 
-@pytest.fixture(scope="module")
-def lenet_run():
+@pytest.fixture
+def lenet_run(device):
     """Run the init net, then the predict and train nets on one random batch."""
     model = netrun.load_model(LENET)
-    ws = netrun.Workspace("cpu", seed=7)
+    ws = netrun.Workspace(device, seed=7)
     ws.run_net_once(model.init_net)
     rng = np.random.default_rng(0)
     x = rng.random((BATCH, 1, 28, 28), dtype=np.float32)

@@ -56,7 +56,8 @@ def test_syntax_error_has_file_line_column_and_caret():
 
 
 def test_duplicate_keys_are_refused_at_the_second_one():
-    with pytest.raises(ParseError, match=r"f.yaml:3:1: duplicate key 'a' \(first given at line 1\)"):
+    with pytest.raises(ParseError,
+                       match=r"f.yaml:3:1: duplicate key 'a' \(first given at line 1\)"):
         load_yaml("a: 1\nb: 2\na: 3\n", "f.yaml")
 
 

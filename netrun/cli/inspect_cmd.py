@@ -51,6 +51,9 @@ def inspect(model_path: str, batch: int, inputs: dict, which: str, show_nets: bo
     from netrun.model import load_model
 
     model = load_model(model_path)
+    console.detail(f"loaded model '{model.name}' from {model_path}: {len(model.params)} "
+                   f"params, nets init/train/predict of {len(model.init_net.ops)}/"
+                   f"{len(model.train_net.ops)}/{len(model.predict_net.ops)} ops")
     if show_nets and not as_json:
         console.text(_nets_text(model))
         return

@@ -82,7 +82,8 @@ class ModelBuilder:
         """The blob a layer reads (default: the previous layer's output) and its spec."""
         blob = blob or self.last
         if blob is None:
-            raise NetrunError(f"layer '{layer}' has no input: give 'input', or declare inputs first")
+            raise NetrunError(f"layer '{layer}' has no input: give 'input', or declare inputs "
+                              f"first")
         if blob not in self.specs:
             raise NetrunError(f"layer '{layer}': input blob '{blob}' does not exist"
                               f"{suggest(blob, self.specs)}")
@@ -108,10 +109,7 @@ class ModelBuilder:
         return self.last
 
     def _track(self, op: OperatorDef) -> None:
-        missing = [b for b in op.inputs if b not in self.specs]
-        if missing:
-            raise NetrunError(f"op {op.label}: input blob '{missing[0]}' does not exist"
-                              f"{suggest(missing[0], self.specs)}")
+        """Validate the op against its schema and record its output specs (inputs exist)."""
         record = infer_op(op, [self.specs[b] for b in op.inputs])
         self.specs.update(zip(op.outputs, record.outputs))
 
@@ -155,13 +153,11 @@ class ModelBuilder:
             args["group"] = group
         if not bias:
             args["no_bias"] = 1
-        return self._add(make_op("Conv", [x, *params], [output or name],
-                                 name=name, **args))
+        return self._add(make_op("Conv", [x, *params], [output or name], name=name, **args))
 
     def fc(self, input: str | None, name: str, num_output: int, axis: int = 1,
-           weight_filler: Filler = "xavier",
-           bias_filler: Filler = "constant", lr_mult: Mult = 1.0, decay_mult: Mult = 1.0,
-           output: str | None = None) -> str:
+           weight_filler: Filler = "xavier", bias_filler: Filler = "constant",
+           lr_mult: Mult = 1.0, decay_mult: Mult = 1.0, output: str | None = None) -> str:
         """Fully connected: the input is flattened from `axis` on; W is num_output × K."""
         x, spec = self._input(name, input)
         k = 1
@@ -170,8 +166,7 @@ class ModelBuilder:
         params = self._weight_bias(name, (num_output, k), (num_output,), True, weight_filler,
                                    bias_filler, lr_mult, decay_mult)
         args = {"axis": axis} if axis != 1 else {}
-        return self._add(make_op("FC", [x, *params], [output or name],
-                                 name=name, **args))
+        return self._add(make_op("FC", [x, *params], [output or name], name=name, **args))
 
     def spatial_bn(self, input: str | None, name: str, epsilon: float = 1e-5,
                    momentum: float = 0.9, scale_filler: Filler = ONE,
@@ -290,9 +285,8 @@ class ModelBuilder:
                 output: str | None = None) -> str:
         """Reshape; `shape` includes the batch dimension (0 copies a dim, -1 infers one)."""
         x, _ = self._input(name, input)
-        return self._add(make_op("Reshape", [x],
-                                 [output or name, f"{name}_old_shape"], name=name,
-                                 shape=list(shape)))
+        return self._add(make_op("Reshape", [x], [output or name, f"{name}_old_shape"],
+                                 name=name, shape=list(shape)))
 
     # Loss, metrics, prediction --------------------------------------------------------
     def _label(self, layer: str, label: str) -> str:
@@ -380,7 +374,8 @@ LAYERS: dict[str, Callable[..., str]] = {
     "concat": ModelBuilder.concat, "add": ModelBuilder.add, "flatten": ModelBuilder.flatten,
     "reshape": ModelBuilder.reshape,
 }
-LOSSES: dict[str, Callable[..., str]] = {"softmax_cross_entropy": ModelBuilder.softmax_cross_entropy}
+LOSSES: dict[str, Callable[..., str]] = {
+    "softmax_cross_entropy": ModelBuilder.softmax_cross_entropy}
 METRICS: dict[str, Callable[..., str]] = {"accuracy": ModelBuilder.accuracy}
 
 

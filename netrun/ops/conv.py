@@ -23,7 +23,9 @@ _COMMON = conv_pool_args() + (
     Arg("algo", "str", "", doc="fixed algorithm (" + ", ".join(ALGORITHMS) + "); '' = automatic"),
     Arg("no_bias", "int", 0, allowed=(0, 1), doc="1: there is no bias input (and no db output)"))
 _ADJ = (Arg("adj", "int", None, doc="extra output rows/cols at the end, both axes (< stride)"),
-        Arg("adj_h", "int", None), Arg("adj_w", "int", None), Arg("adjs", "ints", None))
+        Arg("adj_h", "int", None, doc="extra output rows at the bottom"),
+        Arg("adj_w", "int", None, doc="extra output columns at the right"),
+        Arg("adjs", "ints", None, doc="adj as [h, w]"))
 
 
 def _check(op, args: Args, transposed: bool, gradient: bool) -> None:
@@ -168,7 +170,7 @@ def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
         check_fn=lambda op, a: _check(op, a, transposed, True), family="conv", doc=grad_doc)
 
 
-# Kernels ------------------------------------------------------------------------------------
+# Kernels ----------------------------------------------------------------------------------
 def _setup(ctx, X, W) -> tuple[ConvProblem, object, tuple[int, ...]]:
     """Problem, algorithm and output shape for these input shapes, kept in ctx.state."""
     key = (X.shape, W.shape, str(X.dtype))
@@ -251,7 +253,7 @@ def _maker(g) -> list:
     return [g.op(f"{g.def_.type}Gradient", [g.I(0), g.I(1), g.GO(0)], outs, **args)]
 
 
-# Conv -----------------------------------------------------------------------------------------
+# Conv -------------------------------------------------------------------------------------
 _register("Conv", False,
           doc="Y = conv(X, W) + b. X is N×C×H×W (or NHWC), W is M×C/G×kh×kw (NHWC: M×kh×kw×C/G), "
               "b is M. Output size per axis: floor((in + pad_head + pad_tail - dil·(k-1) - 1) / "
@@ -273,7 +275,7 @@ def conv_gradient(ctx, X, W, dY):
 
 register_gradient("Conv")(_maker)
 
-# ConvTranspose --------------------------------------------------------------------------------
+# ConvTranspose ----------------------------------------------------------------------------
 _register("ConvTranspose", True,
           doc="The transpose (data gradient) of Conv. X is N×C_in×H×W, W is C_in×C_out/G×kh×kw "
               "(NHWC: C_in×kh×kw×C_out/G), b is C_out. Output size per axis: (in-1)·stride - "

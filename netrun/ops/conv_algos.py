@@ -159,7 +159,7 @@ def select_algorithm(p: ConvProblem, fixed: str = "") -> ConvAlgorithm:
     return algo
 
 
-# im2col + GEMM ---------------------------------------------------------------------------
+# im2col + GEMM ----------------------------------------------------------------------------
 @register_algorithm
 class Im2colGemm(ConvAlgorithm):
     """Unfold windows into a column buffer, then one GEMM per group (Caffe's default)."""
@@ -259,7 +259,7 @@ def _col2im(xp, col, p: ConvProblem, out, scratch: Scratch) -> None:
         out[...] = acc[:, :, p.pt:p.pt + p.h, p.pl:p.pl + p.w]
 
 
-# 1×1 as plain GEMM -------------------------------------------------------------------------
+# 1×1 as plain GEMM ------------------------------------------------------------------------
 @register_algorithm
 class Gemm1x1(ConvAlgorithm):
     """A 1×1 kernel without padding is a GEMM over channels; stride > 1 just subsamples."""

@@ -64,6 +64,7 @@ def _geometry(args: Args, shape, what: str) -> tuple[ConvGeometry, ConvGeometry,
 
 
 def _out_shape(args: Args, shape, oh: int, ow: int) -> tuple[int, ...]:
+    """X's shape with the spatial sizes replaced by the pooled ones."""
     out = list(shape)
     ah, aw = _axes(args)
     out[ah], out[aw] = oh, ow
@@ -184,7 +185,7 @@ def _check_pooled(ctx, role: str, a, shape) -> None:
                          f"but the pooled output of X is {'×'.join(map(str, shape))}")
 
 
-# MaxPool --------------------------------------------------------------------------------------
+# MaxPool ----------------------------------------------------------------------------------
 _register("MaxPool", _POOL_ARGS, 0,
           doc="Maximum over each kernel window. Padding never wins (it is -inf); Caffe's ceil "
               "mode with legacy_pad=CAFFE_LEGACY_POOLING.",
@@ -195,6 +196,7 @@ _register("MaxPool", _POOL_ARGS, 0,
 
 @register_kernel("MaxPool")
 def max_pool(ctx, X):
+    """Y = the running maximum over the window taps of X padded with -inf."""
     g, oh, ow, _ = _setup(ctx, X)
     axes = _axes(ctx.args)
     Y = ctx.output(0, _out_shape(ctx.args, X.shape, oh, ow), X.dtype)
@@ -208,6 +210,7 @@ def max_pool(ctx, X):
 
 @register_kernel("MaxPoolGradient")
 def max_pool_gradient(ctx, X, Y, dY):
+    """dX: each dY added at the first tap whose value equals the window's maximum Y."""
     g, oh, ow, _ = _setup(ctx, X)
     xp, axes = ctx.xp, _axes(ctx.args)
     _check_pooled(ctx, "dY", dY, _out_shape(ctx.args, X.shape, oh, ow))
@@ -233,7 +236,7 @@ def _max_pool_grad(g):
     return [g.op("MaxPoolGradient", [g.I(0), g.O(0), g.GO(0)], [g.GI(0)], **g.copy_args())]
 
 
-# AveragePool ----------------------------------------------------------------------------------
+# AveragePool ------------------------------------------------------------------------------
 _register("AveragePool", _AVG_ARGS, 1,
           doc="Mean over each kernel window. Divisor (Caffe's rule, count_include_pad=1): the "
               "window clipped to the padded image [-pad_t, H + pad_b), so padding counts but the "
@@ -246,6 +249,7 @@ _register("AveragePool", _AVG_ARGS, 1,
 
 @register_kernel("AveragePool")
 def average_pool(ctx, X):
+    """Y = the sum over the window taps of X padded with 0, divided by Caffe's window size."""
     g, oh, ow, divisor = _setup(ctx, X)
     axes = _axes(ctx.args)
     Y = ctx.output(0, _out_shape(ctx.args, X.shape, oh, ow), X.dtype)
@@ -260,6 +264,7 @@ def average_pool(ctx, X):
 
 @register_kernel("AveragePoolGradient")
 def average_pool_gradient(ctx, X, *rest):
+    """dX: dY / divisor added at every tap of its window; the last input is dY."""
     dY = rest[-1]
     g, oh, ow, divisor = _setup(ctx, X)
     axes = _axes(ctx.args)

@@ -68,13 +68,13 @@ def _inputs(doc: MarkedDict) -> dict[str, tuple[tuple[int, ...], str | None]]:
                 if dtype not in DTYPES:
                     raise error_at(value, f"unknown dtype '{dtype}'{suggest(dtype, DTYPES)}",
                                    "dtype", value=True)
-            shape = value.get("shape", [])
+            shape, where, key = value.get("shape", []), value, "shape"
         else:
-            shape, value = value, node
+            shape, where, key = value, node, name
         if not isinstance(shape, list) or not all(_is_int(d) and d > 0 for d in shape):
-            raise error_at(node, f"input '{name}': the shape must be a list of positive "
-                                 f"integers (per example, without the batch), got {shape!r}",
-                           name, value=True)
+            raise error_at(where, f"input '{name}': the shape must be a list of positive "
+                                  f"integers (per example, without the batch), got {shape!r}",
+                           key, value=True)
         result[str(name)] = (tuple(shape), dtype)
     return result
 

@@ -30,7 +30,7 @@ class TrainingNets:
     step: NetDef
     update: NetDef
     test: NetDef
-    params: list[str]
+    params: list[str]                # trainable parameters, in update order
     grads: dict[str, str]
     optimizer_state: list[str] = field(default_factory=list)
     state: list[str] = field(default_factory=lambda: [ITER])
@@ -52,14 +52,19 @@ def build_training(model, cfg: SolverConfig) -> TrainingNets:
     """Build init/step/update/test nets for `model` (from netrun.load_model) and `cfg`."""
     if not model.loss:
         raise ConfigError(f"model '{model.name}' has no loss; training needs one")
-    params = list(model.params)
+    params = [p.name for p in model.params if p.trainable]
+    meta = {p.name: {"lr_mult": p.lr_mult, "decay_mult": p.decay_mult} for p in model.params}
     init = model.init_net.copy()
     init.name = f"{model.name}_init"
     step = model.train_net.copy()
     step.name = f"{model.name}_step"
     n_forward = len(step.ops)
-    test = NetDef(f"{model.name}_test", to_test_mode(step.ops), list(step.external_inputs),
-                  list(step.external_outputs))
+    if model.test_net is not None:
+        test = model.test_net.copy()
+    else:
+        test = NetDef("", to_test_mode(step.ops), list(step.external_inputs),
+                      list(step.external_outputs))
+    test.name = f"{model.name}_test"
     grads = add_gradient_ops(step, [model.loss], params=params)
     missing = [p for p in params if p not in grads]
     if missing:
@@ -70,8 +75,7 @@ def build_training(model, cfg: SolverConfig) -> TrainingNets:
     init.ops.append(op("ConstantFill", [], [ITER], shape=[], value=0, dtype="int64"))
     init.ops.append(op("ConstantFill", [], [ONE], shape=[], value=1.0))
     if cfg.iter_size > 1:
-        grads = _accumulate(step, update, grads, cfg.iter_size)
-    meta = getattr(model, "param_info", {}) or {}
+        grads = _accumulate(init, step, update, grads, cfg.iter_size)
     _weight_decay(init, update, params, grads, cfg, meta)
     if cfg.clip_gradients > 0:
         update.ops.append(op("ClipGradientsByNorm", [grads[p] for p in params],
@@ -84,11 +88,13 @@ def build_training(model, cfg: SolverConfig) -> TrainingNets:
     return TrainingNets(init, step, update, test, params, grads, state, [ITER], n_forward)
 
 
-def _accumulate(step: NetDef, update: NetDef, grads: dict[str, str], iter_size: int):
+def _accumulate(init: NetDef, step: NetDef, update: NetDef, grads: dict[str, str],
+                iter_size: int):
     """Sum each gradient over iter_size step runs (the trainer zeroes the sums), then average."""
     acc = {}
     for p, g in grads.items():
         acc[p] = f"{g}_acc"
+        init.ops.append(op("ConstantFill", [p], [acc[p]], value=0.0))
         step.ops.append(op("Sum", [acc[p], g], [acc[p]]))
         update.ops.append(op("Scale", [acc[p]], [acc[p]], scale=1.0 / iter_size))
     return acc
@@ -150,9 +156,8 @@ def _updates(init, update, params, grads, cfg, meta) -> list[str]:
     return state
 
 
-def _info(meta, p: str) -> dict:
-    info = meta.get(p, {}) if isinstance(meta, dict) else {}
-    return info if isinstance(info, dict) else vars(info)
+def _info(meta: dict, p: str) -> dict:
+    return meta.get(p, {})
 
 
 def _policy_args(policy: dict, max_iter: int) -> dict:

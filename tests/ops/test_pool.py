@@ -282,4 +282,5 @@ def test_bad_arguments_fail_at_build_time(type, args, message):
 
 def test_too_small_input_is_a_shape_error():
     with pytest.raises(ShapeError, match=r"op 'p' \(MaxPool\): X 1×1×2×2 is 2×2 .*smaller than"):
-        run_op(netrun.op("MaxPool", ["X"], ["Y"], kernel=3, name="p"), {"X": np.ones((1, 1, 2, 2))})
+        run_op(netrun.op("MaxPool", ["X"], ["Y"], kernel=3, name="p"),
+               {"X": np.ones((1, 1, 2, 2))})

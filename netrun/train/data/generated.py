@@ -22,7 +22,7 @@ from netrun.errors import ConfigError
 from netrun.train.data.base import Arrays, DataSource, SourceRequest, register_source
 from netrun.train.data.glyphs import build_templates
 from netrun.train.data.paths import (cache_root, checkout_data_dir, expand_path,
-                                     writable_dir)
+                                     resolve_data_dir, writable_dir)
 
 VERSION = 1                  # bump when the rendering changes: it is part of the cache key
 SIZE = 28
@@ -190,7 +190,7 @@ def cache_dir_for(request: SourceRequest) -> Path | None:
     """The first writable of: data dir, $NETRUN_DATA/generated, data/generated, ~/.cache."""
     candidates = []
     if request.data_dir:
-        candidates.append(request.file_base())
+        candidates.append(resolve_data_dir("generated", request.data_dir, request.config_dir)[0])
     if os.environ.get("NETRUN_DATA"):
         candidates.append(Path(expand_path(os.environ["NETRUN_DATA"])) / "generated")
     checkout = checkout_data_dir()

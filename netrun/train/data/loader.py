@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -275,7 +275,7 @@ class BatchLoader:
 
 
 def iterate_once(arrays: Sequence[Any], batch_size: int,
-                 transform: Transform | None = None):
+                 transform: Transform | None = None) -> Iterator[Batch]:
     """One in-order pass for evaluation: test-mode transform, the last batch may be short."""
     arrays = tuple(arrays)
     for start in range(0, len(arrays[0]), batch_size):

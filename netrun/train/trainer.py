@@ -1,0 +1,277 @@
+"""The training loop: data in, step and update nets, tests, snapshots, exact resume.
+
+UI-free: the CLI passes callbacks for progress and logging. Resuming restores parameters,
+optimizer state, the iteration, both RNGs and the data loader's position, so N steps
+straight and N/2 + resume + N/2 give bitwise identical parameters on CPU.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from netrun.core.workspace import Workspace
+from netrun.errors import NetrunError
+from netrun.proto.pbtxt import netdef_to_text
+from netrun.train import checkpoint as ckpt
+from netrun.train.config import TrainConfig
+from netrun.train.solver import ITER, LR, TrainingNets, build_training
+
+
+class NonFiniteLoss(NetrunError):
+    """The loss became NaN or infinite; the run stops, earlier checkpoints stay intact."""
+
+
+@dataclass
+class StepResult:
+    iteration: int          # iterations completed after this step
+    loss: float
+    lr: float
+    seconds: float
+    examples: int
+
+
+@dataclass
+class TestResult:
+    iteration: int
+    loss: float
+    metrics: dict[str, float]
+    examples: int
+
+    @property
+    def accuracy(self) -> float | None:
+        for name, value in self.metrics.items():
+            if "accuracy" in name:
+                return value
+        return None
+
+
+@dataclass
+class Callbacks:
+    on_step: Callable[[StepResult], None] | None = None
+    on_test: Callable[[TestResult], None] | None = None
+    on_checkpoint: Callable[[str, str], None] | None = None   # (path, why)
+
+
+@dataclass
+class Trainer:
+    """Owns the workspace, nets and data of one training run."""
+
+    config: TrainConfig
+    device: str | None = None
+    output: str | None = None
+    data_dir: str | None = None
+    model: Any = None
+    nets: TrainingNets | None = None
+    ws: Workspace | None = None
+    best_accuracy: float = -1.0
+    history: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        from netrun.model import load_model
+        from netrun.train.data import BatchLoader, make_source, make_transform
+
+        cfg = self.config
+        self.device = self.device or cfg.device
+        self.output = Path(self.output or cfg.output)
+        self.model = load_model(cfg.model)
+        self.nets = build_training(self.model, cfg.solver)
+        self.ws = Workspace(self.device, seed=cfg.solver.seed)
+        data = dict(cfg.data)
+        self.batch_size = int(data.pop("batch_size", 64))
+        self.test_batch_size = int(data.pop("test_batch_size", self.batch_size))
+        config_dir = Path(cfg.path).parent if cfg.path else None
+        self.transform = make_transform(data.pop("transform", None), config_dir)
+        self.source = make_source(data, self.data_dir, config_dir=config_dir)
+        self.data_name = self.model.data_inputs[0]
+        self.label_name = self.model.labels[0] if self.model.labels else None
+        self.loader = BatchLoader(tuple(self.source.train), self.batch_size, shuffle=True,
+                                  seed=cfg.solver.seed, transform=self.transform,
+                                  reuse_buffers=True)
+        self.iteration = 0
+        self._started = False
+
+    # Set-up --------------------------------------------------------------------------------
+    def start(self, resume: str | None = None) -> None:
+        """Run the init net, optionally restore a checkpoint, bind the nets."""
+        ws, nets = self.ws, self.nets
+        ws.run_net_once(nets.init)
+        # Bind with real inputs present so buffers and shapes settle on the first run.
+        for net in (nets.step, nets.update, nets.test):
+            ws.create_net(net)
+        if resume:
+            self.restore(resume)
+        self._started = True
+
+    def _checkpoint_blobs(self) -> tuple[list[str], list[str], list[str]]:
+        return list(self.model.param_names), list(self.nets.optimizer_state), list(self.nets.state)
+
+    def restore(self, path: str) -> None:
+        """Continue from a checkpoint exactly where it stopped."""
+        info = ckpt.read_info(path)
+        params, optimizer, state = self._checkpoint_blobs()
+        ckpt.check_compatible(info, self.ws, params, optimizer, self.config.solver.type)
+        ckpt.load_blobs(self.ws, path, params, "params")
+        ckpt.load_blobs(self.ws, path, optimizer, "optimizer")
+        ckpt.load_blobs(self.ws, path, state, "state")
+        meta = info.meta
+        self.iteration = int(meta.get("iteration", 0))
+        rng = meta.get("rng", {})
+        if "host" in rng:
+            self.ws.host_rng.bit_generator.state = rng["host"]
+        if "device" in rng and hasattr(self.ws.rng, "bit_generator"):
+            self.ws.rng.bit_generator.state = rng["device"]
+        if "data" in meta:
+            self.loader.load_state(meta["data"])
+        self.best_accuracy = float(meta.get("best_accuracy", -1.0))
+
+    # One step ------------------------------------------------------------------------------
+    def step(self) -> StepResult:
+        """iter_size forward/backward passes, then one update."""
+        ws, nets, cfg = self.ws, self.nets, self.config.solver
+        t0 = time.perf_counter()
+        if cfg.iter_size > 1:
+            for p in nets.params:
+                acc = ws.get_blob(nets.grads[p])
+                acc[...] = 0
+        loss = 0.0
+        for _ in range(cfg.iter_size):
+            self._feed(self.loader.next())
+            ws.run_net(nets.step.name)
+            loss += float(ws.fetch_blob(self.model.loss))
+        loss /= cfg.iter_size
+        if not math.isfinite(loss):
+            raise NonFiniteLoss(f"the loss became {loss} at iteration {self.iteration}; "
+                                f"training stopped (lower solver.base_lr, or check the data). "
+                                f"Checkpoints written before this point are intact.")
+        ws.run_net(nets.update.name)
+        lr = -float(ws.fetch_blob(LR))
+        self.iteration += 1
+        return StepResult(self.iteration, loss, lr, time.perf_counter() - t0,
+                          self.batch_size * cfg.iter_size)
+
+    def _feed(self, batch) -> None:
+        self.ws.feed_blob(self.data_name, batch[0])
+        if self.label_name is not None:
+            self.ws.feed_blob(self.label_name, np.asarray(batch[1], dtype=np.int32))
+
+    # Testing -------------------------------------------------------------------------------
+    def test(self, max_batches: int = 0) -> TestResult:
+        """Run the test net over the test part (or its first max_batches batches)."""
+        from netrun.train.data import iterate_once
+
+        ws, model = self.ws, self.model
+        part = self.source.test
+        totals: dict[str, float] = {}
+        seen = 0
+        for k, batch in enumerate(iterate_once(tuple(part), self.test_batch_size, self.transform)):
+            if max_batches and k >= max_batches:
+                break
+            self._feed(batch)
+            ws.run_net(self.nets.test.name)
+            n = len(batch[0])
+            seen += n
+            for name in [model.loss, *model.metrics]:
+                totals[name] = totals.get(name, 0.0) + float(ws.fetch_blob(name)) * n
+        loss = totals.pop(model.loss, 0.0) / max(seen, 1)
+        return TestResult(self.iteration, loss, {k: v / max(seen, 1) for k, v in totals.items()},
+                          seen)
+
+    # Checkpoints ---------------------------------------------------------------------------
+    def save(self, path: Path) -> Path:
+        """Write a checkpoint of the current state."""
+        params, optimizer, state = self._checkpoint_blobs()
+        model = self.model
+        meta = {
+            "iteration": self.iteration,
+            "config": self.config.raw,
+            "solver_type": self.config.solver.type,
+            "nets": {"init": netdef_to_text(self.nets.init), "step": netdef_to_text(self.nets.step),
+                     "update": netdef_to_text(self.nets.update),
+                     "test": netdef_to_text(self.nets.test),
+                     "predict": netdef_to_text(model.predict_net)},
+            "model": {"name": model.name,
+                      "inputs": {k: (None if v is None else [list(v.shape), v.dtype])
+                                 for k, v in model.inputs.items()},
+                      "labels": list(model.labels), "outputs": list(model.outputs),
+                      "loss": model.loss, "metrics": list(model.metrics)},
+            "rng": {"host": self.ws.host_rng.bit_generator.state,
+                    **({"device": self.ws.rng.bit_generator.state}
+                       if hasattr(self.ws.rng, "bit_generator") else {})},
+            "data": self.loader.state(),
+            "lr": -float(self.ws.fetch_blob(LR)) if self.ws.has_blob(LR) else None,
+            "best_accuracy": self.best_accuracy,
+            "device": self.ws.device,
+        }
+        ckpt.write_checkpoint(self.ws, path, params, optimizer, state, meta)
+        return Path(path)
+
+    def snapshot(self, why: str, callbacks: Callbacks | None = None) -> Path:
+        """Write iter_<N>.h5 and point last.h5 at it."""
+        self.output.mkdir(parents=True, exist_ok=True)
+        path = self.save(self.output / f"iter_{self.iteration}.h5")
+        ckpt.link_or_copy(path, self.output / "last.h5")
+        if callbacks and callbacks.on_checkpoint:
+            callbacks.on_checkpoint(str(path), why)
+        return path
+
+    # The loop ------------------------------------------------------------------------------
+    def run(self, max_iter: int | None = None, callbacks: Callbacks | None = None) -> TestResult | None:
+        """Train to max_iter with periodic tests and snapshots; Ctrl-C saves and re-raises."""
+        cfg = self.config.solver
+        callbacks = callbacks or Callbacks()
+        max_iter = cfg.max_iter if max_iter is None else max_iter
+        if not self._started:
+            self.start()
+        self.output.mkdir(parents=True, exist_ok=True)
+        log = open(self.output / "metrics.jsonl", "a")
+        last_test = None
+        try:
+            if cfg.test_initialization and self.iteration == 0:
+                last_test = self._test_and_log(log, callbacks)
+            while self.iteration < max_iter:
+                result = self.step()
+                if callbacks.on_step:
+                    callbacks.on_step(result)
+                if cfg.display and (result.iteration % cfg.display == 0 or result.iteration == 1):
+                    self._log(log, {"iter": result.iteration, "loss": result.loss,
+                                    "lr": result.lr, "seconds": result.seconds})
+                done = self.iteration >= max_iter
+                if cfg.test_interval and self.iteration % cfg.test_interval == 0 and not done:
+                    last_test = self._test_and_log(log, callbacks)
+                if cfg.snapshot and self.iteration % cfg.snapshot == 0 and not done:
+                    self.snapshot("snapshot", callbacks)
+            last_test = self._test_and_log(log, callbacks)
+            self.snapshot("final", callbacks)
+        except KeyboardInterrupt:
+            self.snapshot("interrupted", callbacks)
+            raise
+        finally:
+            log.close()
+            self.loader.close()
+        return last_test
+
+    def _test_and_log(self, log, callbacks: Callbacks) -> TestResult:
+        result = self.test(self.config.solver.test_iter)
+        self._log(log, {"iter": result.iteration, "test_loss": result.loss, **{
+            f"test_{k}": v for k, v in result.metrics.items()}})
+        if callbacks.on_test:
+            callbacks.on_test(result)
+        acc = result.accuracy
+        if acc is not None and acc > self.best_accuracy:
+            self.best_accuracy = acc
+            self.output.mkdir(parents=True, exist_ok=True)
+            self.save(self.output / "best.h5")
+            if callbacks.on_checkpoint:
+                callbacks.on_checkpoint(str(self.output / "best.h5"), "best")
+        return result
+
+    def _log(self, log, record: dict) -> None:
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        self.history.append(record)
