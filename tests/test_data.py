@@ -216,7 +216,7 @@ def test_bad_labels_and_mismatched_counts(tmp_path):
     with pytest.raises(NetrunError, match="holds 10 images but .* holds 9 labels"):
         make_source({"source": "mnist"}, tmp_path).test
     write_idx(tmp_path / FILES["t10k"][1], np.full(10, 12, np.uint8))
-    with pytest.raises(NetrunError, match="label 12 is not a digit"):
+    with pytest.raises(NetrunError, match="label 12 is not a class 0-9"):
         make_source({"source": "mnist"}, tmp_path).test
 
 

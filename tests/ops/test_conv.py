@@ -497,3 +497,13 @@ def test_shape_errors_name_the_blobs_and_shapes():
     small = _inputs(dict(X=(1, 2, 2, 2), W=(4, 2, 3, 3)), 0)
     with pytest.raises(ShapeError, match=r"X 1×2×2×2 is 2×2 .* smaller than the 3×3"):
         run_op(netrun.op("Conv", ["X", "W"], ["Y"], kernel=3), small)
+
+
+@pytest.mark.parametrize("mode", ["VALID", "SAME", 1, 2])
+def test_conv_transpose_legacy_pad_means_no_padding(mode):
+    inputs = _inputs(dict(X=(1, 2, 3, 4), W=(2, 3, 3, 3)), 0)
+    legacy = netrun.op("ConvTranspose", ["X", "W"], ["Y"], kernel=3, stride=2, legacy_pad=mode)
+    plain = netrun.op("ConvTranspose", ["X", "W"], ["Y"], kernel=3, stride=2)
+    (y,) = run_op(legacy, inputs)
+    assert y.shape == (1, 3, 7, 9)   # Caffe2 (conv_transpose_unpool_op_base.h): pads 0
+    np.testing.assert_array_equal(y, run_op(plain, inputs)[0])

@@ -126,8 +126,9 @@ def download_files(dataset: str, names: list[str], directory: Path,
         else:
             reasons.setdefault(name, "the recipe lists no URL")
     if reasons:
-        detail = "; ".join(f"{n}: {r}" for n, r in reasons.items())
-        raise DownloadError(f"download of {dataset} failed ({detail})", reasons)
+        first = next(iter(reasons.values()))
+        more = f"; {len(reasons) - 1} more file(s) failed too" if len(reasons) > 1 else ""
+        raise DownloadError(f"the download failed ({first}{more})", reasons)
 
 
 def _record_sha256(directory: Path, name: str, digest: str) -> None:

@@ -66,7 +66,7 @@ class MnistSource(DataSource):
             raise NetrunError(f"{paths[0]} holds {len(images)} images but {paths[1]} holds "
                               f"{len(labels)} labels")
         if labels.size and labels.max() >= self.num_classes:
-            raise NetrunError(f"{paths[1]}: label {int(labels.max())} is not a digit class 0-9")
+            raise NetrunError(f"{paths[1]}: label {int(labels.max())} is not a class 0-9")
         return images.astype(np.float32)[:, None], labels.astype(np.int32)  # (N, 1, 28, 28)
 
     def _locate(self, group: str) -> list[Path]:
@@ -92,8 +92,8 @@ class MnistSource(DataSource):
                 f"--data-dir (data.dir in the config).")
         have_t10k = all(_existing(self.directory, n) for n in FILES["t10k"])
         if group == "train" and have_t10k:
-            text += (" Only the t10k files are there: `split: mnist-10k` (data spec "
-                     f"{'mnist-10k' if self.name == 'mnist' else self.name}:train) trains on "
+            spec = " (data spec mnist-10k:train)" if self.name == "mnist" else ""
+            text += (f" Only the t10k files are there: `split: mnist-10k`{spec} trains on "
                      "t10k[:8000] and tests on t10k[8000:].")
         return text
 
