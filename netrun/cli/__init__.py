@@ -20,6 +20,9 @@ COMMANDS = {
     "ops": "netrun.cli.ops_cmd:ops",
     "inspect": "netrun.cli.inspect_cmd:inspect",
     "convert": "netrun.cli.convert_cmd:convert",
+    "train": "netrun.cli.train_cmd:train",
+    "infer": "netrun.cli.infer_cmd:infer",
+    "profile": "netrun.cli.profile_cmd:profile",
 }
 
 

@@ -75,7 +75,7 @@ def build_training(model, cfg: SolverConfig) -> TrainingNets:
     init.ops.append(op("ConstantFill", [], [ITER], shape=[], value=0, dtype="int64"))
     init.ops.append(op("ConstantFill", [], [ONE], shape=[], value=1.0))
     if cfg.iter_size > 1:
-        grads = _accumulate(init, step, update, grads, cfg.iter_size)
+        grads = _accumulate(init, step, update, {p: grads[p] for p in params}, cfg.iter_size)
     _weight_decay(init, update, params, grads, cfg, meta)
     if cfg.clip_gradients > 0:
         update.ops.append(op("ClipGradientsByNorm", [grads[p] for p in params],
@@ -136,23 +136,25 @@ def _updates(init, update, params, grads, cfg, meta) -> list[str]:
         if cfg.type in ("sgd", "nesterov"):
             if cfg.momentum > 0 or cfg.type == "nesterov":
                 m = zeros_like(p, "momentum")
-                update.ops.append(op("MomentumSGDUpdate", [g, m, lr, p], [g, m, p],
+                update.ops.append(op("MomentumSGDUpdate", [g, m, lr, p], [g, m, p], name=f"{p}_update",
                                      momentum=cfg.momentum, nesterov=int(cfg.type == "nesterov")))
             else:
-                update.ops.append(op("WeightedSum", [p, ONE, g, lr], [p]))
+                update.ops.append(op("WeightedSum", [p, ONE, g, lr], [p], name=f"{p}_update"))
         elif cfg.type == "adam":
             m1, m2 = zeros_like(p, "moment1"), zeros_like(p, "moment2")
-            update.ops.append(op("Adam", [p, m1, m2, g, lr, ITER], [p, m1, m2], beta1=cfg.momentum,
+            update.ops.append(op("Adam", [p, m1, m2, g, lr, ITER], [p, m1, m2], name=f"{p}_update",
+                                 beta1=cfg.momentum,
                                  beta2=cfg.momentum2, epsilon=cfg.delta))
         elif cfg.type == "adagrad":
             h = zeros_like(p, "adagrad")
-            update.ops.append(op("Adagrad", [p, h, g, lr], [p, h], epsilon=cfg.delta))
+            update.ops.append(op("Adagrad", [p, h, g, lr], [p, h], name=f"{p}_update",
+                                 epsilon=cfg.delta))
         elif cfg.type == "rmsprop":
             ms, mom = zeros_like(p, "mean_squares"), zeros_like(p, "rms_momentum")
             update.ops.append(op("RmsProp", [g, ms, mom, lr], [g, ms, mom], decay=cfg.rms_decay,
                                  momentum=cfg.momentum if cfg.momentum < 1 else 0.0,
                                  epsilon=cfg.delta))
-            update.ops.append(op("WeightedSum", [p, ONE, g, ONE], [p]))
+            update.ops.append(op("WeightedSum", [p, ONE, g, ONE], [p], name=f"{p}_update"))
     return state
 
 

@@ -1,0 +1,76 @@
+"""`netrun infer CHECKPOINT INPUT`: predictions (and accuracy when labels are known)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from netrun.cli.console import console
+from netrun.errors import NetrunError
+
+SHOWN = 20
+
+
+@click.command()
+@click.argument("checkpoint", type=click.Path(dir_okay=False))
+@click.argument("input", metavar="INPUT")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write predictions to .npy (probabilities), .npz, .json or .csv.")
+@click.option("-k", "--top-k", type=click.IntRange(1), default=1, show_default=True)
+@click.option("-b", "--batch-size", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="cpu, gpu or gpu:N.")
+@click.option("--data-dir", help="Folder holding the dataset of a SOURCE:PART input.")
+@click.option("--raw", is_flag=True, help="Feed INPUT as is, without the training config's "
+              "test-time transform (scale, mean, crop).")
+@click.option("--json", "as_json", is_flag=True, help="Print predictions as JSON on stdout.")
+def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, as_json):
+    """Predict with CHECKPOINT on INPUT: a .npy/.npz/.h5 file or SOURCE:PART (mnist-10k:test)."""
+    import numpy as np
+
+    from netrun.infer import Predictor, load_inputs, score
+
+    predictor = Predictor(checkpoint, device)
+    inputs = load_inputs(input, predictor, data_dir, transform=not raw)
+    probs = predictor.predict(inputs.data, batch_size)
+    k = min(top_k, probs.shape[1])
+    top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    scores = score(probs, inputs.labels) if inputs.labels is not None else None
+    records = [{"index": i, "top_k": [[int(c), float(probs[i, c])] for c in top[i]],
+                **({"label": int(inputs.labels[i])} if inputs.labels is not None else {})}
+               for i in range(len(probs))]
+    if output:
+        _write(Path(output), probs, top, records)
+        console.info(f"wrote {len(probs)} predictions to {output}")
+    if as_json:
+        console.json({"checkpoint": checkpoint, "input": input, "count": len(probs),
+                      **(scores or {}), "predictions": records})
+        return
+    if not output:
+        rows = [(r["index"], " ".join(f"{c}:{p:.3f}" for c, p in r["top_k"]),
+                 r.get("label", "")) for r in records[:SHOWN]]
+        console.table(["#", f"top-{k} class:probability", "label"], rows, right=["#"])
+        if len(records) > SHOWN:
+            console.line(f"... {len(records) - SHOWN} more (use --output or --json for all)")
+    if scores is not None:
+        console.line(f"accuracy {scores['accuracy']:.2%}  loss {scores['loss']:.4f}  "
+                     f"on {scores['examples']} examples of {input}")
+
+
+def _write(path: Path, probs, top, records) -> None:
+    import numpy as np
+
+    if path.suffix == ".npy":
+        np.save(path, probs)
+    elif path.suffix == ".npz":
+        np.savez(path, probabilities=probs, top_k=top)
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(records))
+    elif path.suffix == ".csv":
+        lines = ["index,prediction,probability" + (",label" if "label" in records[0] else "")]
+        for r in records:
+            c, p = r["top_k"][0]
+            lines.append(f"{r['index']},{c},{p:.6f}" + (f",{r['label']}" if "label" in r else ""))
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        raise NetrunError(f"--output '{path}': use .npy, .npz, .json or .csv")

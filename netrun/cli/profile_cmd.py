@@ -1,0 +1,67 @@
+"""`netrun profile TARGET`: per-operator forward, backward and update timing."""
+from __future__ import annotations
+
+import click
+
+from netrun.cli.console import console
+from netrun.cli.inspect_cmd import parse_inputs
+
+
+@click.command()
+@click.argument("target", metavar="MODEL|CONFIG|CHECKPOINT")
+@click.option("-b", "--batch", type=click.IntRange(1), help="Batch size (default: the config's, else 64).")
+@click.option("--iters", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True)
+@click.option("--device", help="cpu, gpu or gpu:N.")
+@click.option("--forward-only", is_flag=True, help="Time the predict net only.")
+@click.option("--input", "inputs", multiple=True, metavar="NAME=D1,D2,...", callback=parse_inputs,
+              help="Full shape of an input the model does not declare (repeatable).")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False),
+              help="Write the measurements as JSON to this file ('-' for stdout).")
+@click.option("--trace", type=click.Path(dir_okay=False),
+              help="Write a Chrome trace (open in Perfetto) of the last iteration.")
+@click.option("--top", type=click.IntRange(0), default=0, help="Show only the N slowest ops.")
+def profile(target, batch, iters, warmup, device, forward_only, inputs, json_file, trace, top):
+    """Time every operator of a model, train config or checkpoint (Caffe's `caffe time`)."""
+    import json
+
+    from netrun.profile import profile_net
+    from netrun.profile_setup import prepare
+
+    prepared = prepare(target, batch, device, forward_only, inputs)
+    console.info(f"profiling {prepared.description}, batch {prepared.batch}, "
+                 f"{iters} iterations after {warmup} warm-up")
+    result = profile_net(prepared.net, iters, warmup, prepared.phases, prepared.costs,
+                         before_iteration=prepared.feed)
+    if json_file:
+        data = {"target": target, "batch": prepared.batch, "iters": iters, **result.to_json()}
+        if json_file == "-":
+            console.json(data)
+            return
+        with open(json_file, "w") as f:
+            json.dump(data, f, indent=2)
+    if trace:
+        result.write_trace(trace)
+        console.info(f"trace written to {trace}")
+    total = result.total_ms
+    ops = sorted(result.ops, key=lambda o: -o.median_ms)[:top] if top else result.ops
+    rows = [(o.index, o.name, o.type, o.phase, f"{o.median_ms:.3f}",
+             f"{100 * o.median_ms / total:.1f}" if total else "", _num(o.flops / 1e6),
+             f"{o.gflops:.1f}" if o.flops else "", _num(o.output_bytes / 1024), o.algo)
+            for o in ops]
+    console.table(["#", "op", "type", "phase", "ms", "%", "MFLOP", "GFLOP/s", "out KiB", "algo"],
+                  rows, right=["#", "ms", "%", "MFLOP", "GFLOP/s", "out KiB"])
+    console.line()
+    console.table(["type", "ms", "%", "count"],
+                  [(t, f"{ms:.3f}", f"{100 * ms / total:.1f}" if total else "", n)
+                   for t, ms, n in result.by_type()], right=["ms", "%", "count"])
+    phases = "  ".join(f"{p} {ms:.2f} ms" for p, ms in result.by_phase().items())
+    console.line()
+    console.line(f"iteration {total:.3f} ms (median, measured without per-op timers); "
+                 f"sum of ops {result.sum_of_ops_ms:.3f} ms "
+                 f"({100 * result.sum_of_ops_ms / total:.1f}% of the iteration)" if total else "")
+    console.line(f"by phase: {phases}")
+
+
+def _num(value: float) -> str:
+    return f"{value:,.1f}" if value else ""

@@ -1,0 +1,142 @@
+"""Inference from a checkpoint: load the predict net and parameters, run batches, score."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from netrun.core.workspace import Workspace
+from netrun.errors import NetrunError
+from netrun.train import checkpoint as ckpt
+
+
+@dataclass
+class Inputs:
+    """Examples to predict on, with labels when the source has them."""
+
+    data: np.ndarray
+    labels: np.ndarray | None
+    description: str
+
+
+class Predictor:
+    """A checkpoint's predict net bound to a workspace with its parameters loaded."""
+
+    def __init__(self, checkpoint: str | os.PathLike, device: str = "cpu"):
+        self.info = ckpt.read_info(checkpoint)
+        self.net = self.info.net("predict")
+        self.net.name = "predict"
+        model = self.info.meta.get("model", {})
+        self.input_name = next((n for n in model.get("inputs", {})
+                                if n not in model.get("labels", [])), None) or self.net.external_inputs[0]
+        spec = model.get("inputs", {}).get(self.input_name)
+        self.example_shape = tuple(spec[0]) if spec else None
+        self.output_name = (model.get("outputs") or [self.net.ops[-1].outputs[0]])[0]
+        self.outputs_probabilities = bool(self.net.ops) and self.net.ops[-1].type == "Softmax"
+        self.ws = Workspace(device)
+        ckpt.load_blobs(self.ws, checkpoint, self.info.params, "params")
+        self.ws.create_net(self.net)
+
+    def transform(self):
+        """The test-time transform of the training config (scale, mean, crop)."""
+        from netrun.train.data import make_transform
+
+        cfg = (self.info.meta.get("config") or {}).get("data", {}) or {}
+        return make_transform(cfg.get("transform"))
+
+    def predict(self, data: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """Class probabilities for every example (softmax applied if the net ends in logits)."""
+        data = self._fit_shape(np.asarray(data, dtype=np.float32))
+        outs = []
+        for start in range(0, len(data), batch_size):
+            self.ws.feed_blob(self.input_name, data[start:start + batch_size])
+            self.ws.run_net("predict")
+            outs.append(self.ws.fetch_blob(self.output_name))
+        scores = np.concatenate(outs).reshape(len(data), -1)
+        if self.outputs_probabilities:
+            return scores
+        scores = scores - scores.max(axis=1, keepdims=True)
+        e = np.exp(scores)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def _fit_shape(self, data: np.ndarray) -> np.ndarray:
+        want = self.example_shape
+        if want is None or tuple(data.shape[1:]) == want:
+            return data
+        # N×H×W images for a 1×H×W model: add the channel axis.
+        if len(want) == data.ndim and want[0] == 1 and tuple(data.shape[1:]) == want[1:]:
+            return data[:, None]
+        raise NetrunError(f"input has examples of shape {'×'.join(map(str, data.shape[1:]))} "
+                          f"but the model's '{self.input_name}' expects {'×'.join(map(str, want))}")
+
+
+def load_inputs(spec: str, predictor: Predictor, data_dir: str | None = None,
+                transform: bool = True) -> Inputs:
+    """Read INPUT: a .npy/.npz/.h5 file or a data spec SOURCE:PART such as mnist-10k:test."""
+    path = Path(spec)
+    tf = predictor.transform() if transform else None
+    if path.suffix in (".npy", ".npz", ".h5", ".hdf5") and path.exists():
+        data, labels = _read_file(path)
+    elif path.suffix in (".npy", ".npz", ".h5", ".hdf5"):
+        raise NetrunError(f"input file '{spec}' does not exist")
+    else:
+        data, labels = _read_spec(spec, predictor, data_dir)
+    if tf is not None:
+        data = _apply(tf, predictor._fit_shape(np.asarray(data, dtype=np.float32)))
+    return Inputs(np.asarray(data, dtype=np.float32), labels, spec)
+
+
+def _apply(tf, data: np.ndarray) -> np.ndarray:
+    return tf(data, None, train=False)
+
+
+def _read_file(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False), None
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as f:
+            key = next((k for k in ("data", "x", "images") if k in f.files), None)
+            if key is None:
+                raise NetrunError(f"'{path}' has no 'data' (or 'x') array; it has: {', '.join(f.files)}")
+            label = next((f[k] for k in ("label", "labels", "y") if k in f.files), None)
+            return f[key], label
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            if "data" not in f:
+                raise NetrunError(f"'{path}' has no 'data' dataset")
+            return f["data"][()], (f["label"][()].reshape(-1) if "label" in f else None)
+    except OSError as e:
+        raise NetrunError(f"cannot read HDF5 input '{path}': {e}") from None
+
+
+def _read_spec(spec: str, predictor: Predictor, data_dir: str | None):
+    from netrun.train.config import expand
+    from netrun.train.data import make_source, parse_spec
+
+    cfg, part = parse_spec(spec)
+    if cfg["source"].endswith("-10k"):                 # mnist-10k:test is mnist, split mnist-10k
+        cfg = {"source": cfg["source"][: -len("-10k")], "split": "mnist-10k"}
+    trained = dict((predictor.info.meta.get("config") or {}).get("data", {}) or {})
+    if trained.get("source") == cfg["source"]:
+        # The same source as in training: keep its settings (folder, counts, seed, split).
+        for key in ("batch_size", "test_batch_size", "transform"):
+            trained.pop(key, None)
+        if "dir" in trained:
+            trained["dir"] = expand(str(trained["dir"]))
+        cfg = {**trained, **cfg}
+    source = make_source(cfg, data_dir)
+    arrays = source.part(part or "test")
+    return np.asarray(arrays.data), np.asarray(arrays.label)
+
+
+def score(probs: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """Accuracy and mean cross-entropy of predicted probabilities against labels."""
+    labels = labels.astype(np.int64).reshape(-1)
+    picked = probs[np.arange(len(labels)), labels]
+    return {"accuracy": float(np.mean(probs.argmax(axis=1) == labels)),
+            "loss": float(-np.mean(np.log(np.maximum(picked, 1e-12)))), "examples": int(len(labels))}
