@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from netrun.errors import ConfigError, suggest
-from netrun.train.data import generated, hdf5, mnist, npz  # noqa: F401  (fill SOURCES)
+from netrun.train.data import cifar, generated, hdf5, mnist, npz  # noqa: F401  (fill SOURCES)
 from netrun.train.data.base import SOURCES, Arrays, DataSource, SourceRequest, register_source
 from netrun.train.data.loader import BatchLoader, iterate_once
 from netrun.train.data.paths import expand_path, resolve_data_dir
