@@ -7,6 +7,7 @@ contributions of blobs read by several ops, and stops where no gradient is wante
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Iterable, Sequence
 
 from netrun.errors import GradientError
@@ -100,14 +101,54 @@ class GradientContext:
         return {k: self.args[k] for k in names if k in self.args}
 
 
-def _run_maker(forward: OperatorDef, output_grads, needed=None):
+def _run_maker(forward: OperatorDef, output_grads, needed=None, fresh=None):
     from netrun.core.schema import get_schema
 
     ctx = GradientContext(forward, output_grads, needed)
-    ops = _MAKERS[forward.type](ctx)
+    ops = list(_MAKERS[forward.type](ctx))
     schema = get_schema(forward.type)
     grads = {i: g for i, g in ctx.input_grads.items() if i not in schema.non_differentiable}
-    return ctx.zero_fills + list(ops), grads, ctx
+    ops = _split_repeated(ops, grads, fresh or _temp_namer())
+    return ctx.zero_fills + ops, grads, ctx
+
+
+def _temp_namer() -> Callable[[str], str]:
+    """Fresh names for gradient contributions written aside: X_grad_autosplit_1, _2, ..."""
+    counter = itertools.count(1)
+    return lambda name: f"{name}_autosplit_{next(counter)}"
+
+
+def _split_repeated(ops: list[OperatorDef], grads: dict[int, str],
+                    fresh: Callable[[str], str]) -> list[OperatorDef]:
+    """Give each write of a gradient shared by several inputs (Mul(X, X)) its own blob + a Sum.
+
+    A maker may name the same X_grad for two input indices; written twice, the second write
+    would clobber the first. Every write is renamed (a later read or in-place update of it
+    follows the rename), and the surviving contributions are summed into X_grad.
+    """
+    names = list(grads.values())
+    shared = {g for g in names if names.count(g) > 1}
+    shared = {g for g in shared if sum(o.outputs.count(g) for o in ops) > 1}
+    if not shared:
+        return ops
+    current: dict[str, str] = {}            # shared name -> the blob holding its latest write
+    parts: dict[str, list[str]] = {g: [] for g in shared}
+    out: list[OperatorDef] = []
+    for o in ops:
+        inputs = tuple(current.get(n, n) for n in o.inputs)
+        outputs = list(o.outputs)
+        for j, n in enumerate(o.outputs):
+            if n not in shared:
+                continue
+            if n in o.inputs and current.get(n) in parts[n]:
+                parts[n].remove(current[n])     # updated in place: the new write replaces it
+            outputs[j] = current[n] = fresh(n)
+            parts[n].append(outputs[j])
+        out.append(o.with_(inputs=inputs, outputs=tuple(outputs)))
+    name, device = ops[0].name, ops[0].device
+    for g in sorted(shared):
+        out.append(make_op("Sum", parts[g], [g], name=name, device=device))
+    return out
 
 
 def gradient_ops(op: OperatorDef) -> tuple[list[OperatorDef], dict[str, str | None]]:
@@ -161,7 +202,7 @@ def add_gradient_ops(net: NetDef, losses: Sequence[str], params: Iterable[str] |
         grads[(loss, final.get(loss, 0))] = g
 
     missing: list[str] = []
-    temp_count = 0
+    fresh = _temp_namer()
     for k in range(len(forward) - 1, -1, -1):
         fop = forward[k]
         go = [grads.get((b, v)) for b, v in zip(fop.outputs, out_versions[k])]
@@ -181,19 +222,17 @@ def add_gradient_ops(net: NetDef, losses: Sequence[str], params: Iterable[str] |
                 if needed[i]:
                     grads.setdefault((b, in_versions[k][i]), grad_name(b))
             continue
-        ops, input_grads, ctx = _run_maker(fop, go, needed)
+        ops, input_grads, ctx = _run_maker(fop, go, needed, fresh)
         _check_versions(fop, ctx, in_versions[k], out_versions[k], final)
         renames: dict[str, str] = {}
         sums: list[OperatorDef] = []
-        for i, g in sorted(input_grads.items()):
-            blob, v = fop.inputs[i], in_versions[k][i]
-            if not needed[i]:
-                continue
-            key = (blob, v)
+        # One entry per distinct input blob: Mul(X, X) gives X one (already summed) gradient.
+        contributions = {(fop.inputs[i], in_versions[k][i]): g
+                         for i, g in sorted(input_grads.items()) if needed[i]}
+        for key, g in contributions.items():
             if key in grads:
                 # A second contribution to this gradient: write it aside, then accumulate.
-                temp_count += 1
-                tmp = f"{grads[key]}_autosplit_{temp_count}"
+                tmp = fresh(grads[key])
                 renames[g] = tmp
                 sums.append(make_op("Sum", [grads[key], tmp], [grads[key]]))
             else:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import importlib
 
-FAMILIES = ("activation", "elementwise", "shape", "fc", "conv", "pool", "loss", "metrics",
-            "norm", "dropout", "fill", "optim", "db")
+FAMILIES = ("activation", "elementwise", "shape", "reshape", "reduce", "fc", "conv", "pool",
+            "softmax", "loss", "metrics", "norm", "dropout", "fill", "optim", "optimizers", "db")
 
 for _family in FAMILIES:
     try:

@@ -8,8 +8,7 @@ from netrun.core.gradient import register_gradient
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Cost, get_schema, register_schema
 from netrun.errors import SchemaError, ShapeError
-from netrun.ops.common import elementwise_cost, same_as_input
-from netrun.ops.elementwise import fmt, input_grad_names
+from netrun.ops.common import elementwise_cost, fmt, same_as_input
 
 # Relu -----------------------------------------------------------------------------------
 register_schema("Relu", inputs=1, outputs=1, input_names=("X",), output_names=("Y",),
@@ -326,5 +325,5 @@ def prelu_gradient(ctx, X, slope, dY):
 
 @register_gradient("PRelu")
 def _prelu_grad(g):
-    names, sums = input_grad_names(g, (0, 1))
-    return [g.op("PReluGradient", [g.I(0), g.I(1), g.GO(0)], names, **g.copy_args())] + sums
+    return [g.op("PReluGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0), g.GI(1)],
+                 **g.copy_args())]

@@ -1,6 +1,8 @@
 """Helpers shared by operator families: shape and cost functions, argument patterns."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from netrun.core.schema import Args, Cost, TensorSpec
 from netrun.errors import ShapeError
 
@@ -29,3 +31,26 @@ def require_same_shape(what: str, names: tuple[str, str], a: TensorSpec, b: Tens
     if tuple(a.shape) != tuple(b.shape):
         raise ShapeError(f"{what}: '{names[0]}' has shape {a} but '{names[1]}' has shape {b}; "
                          f"they must match")
+
+
+def fmt(shape: Sequence[int]) -> str:
+    """A shape as error messages print it: 2×3×4 (or 'scalar')."""
+    return str(TensorSpec(tuple(shape)))
+
+
+def input_cost(flops_per_element: int):
+    """Cost function: `flops_per_element` per element of input 0; all inputs and outputs moved."""
+
+    def fn(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
+        return Cost(flops_per_element * ins[0].size, sum(i.nbytes for i in ins),
+                    sum(o.nbytes for o in outs))
+
+    return fn
+
+
+def normalize_axis(what: str, axis: int, ndim: int, **shapes: tuple) -> int:
+    """`axis` in [-ndim, ndim) made non-negative, or a ShapeError naming the blobs' shapes."""
+    if not -ndim <= axis < ndim:
+        named = ", ".join(f"{role} {fmt(s)}" for role, s in shapes.items())
+        raise ShapeError(f"{what}: axis {axis} is out of range for {ndim} dims: {named}")
+    return axis % ndim

@@ -14,16 +14,11 @@ from netrun.core.gradient import GradientContext, register_gradient
 from netrun.core.registry import register_kernel
 from netrun.core.schema import MANY, Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
-from netrun.ops.common import elementwise_cost, require_same_shape
+from netrun.ops.common import elementwise_cost, fmt, require_same_shape
 from netrun.proto.defs import OperatorDef
 
 
-# Shared helpers (also used by fc.py and shape.py) --------------------------------------
-def fmt(shape: Sequence[int]) -> str:
-    """A shape as error messages print it: 2×3×4 (or 'scalar')."""
-    return str(TensorSpec(tuple(shape)))
-
-
+# Shared helpers (also used by fc.py) -----------------------------------------------------
 def sum_to(xp, x, shape: Sequence[int], out) -> None:
     """Sum `x` over the dims it was broadcast along so it fits `shape`; write into `out`."""
     shape = tuple(shape)
@@ -35,29 +30,6 @@ def sum_to(xp, x, shape: Sequence[int], out) -> None:
         return
     # keepdims keeps the reduced dims as 1s: (1,)*lead + shape, the same memory as `shape`.
     xp.sum(x, axis=axes, keepdims=True, out=out.reshape((1,) * lead + shape))
-
-
-def input_grad_names(g: GradientContext, indices: Sequence[int]
-                     ) -> tuple[list[str], list[OperatorDef]]:
-    """Gradient output names for inputs; a blob read twice (Add(X, X)) gets temporaries + a Sum.
-
-    Each occurrence of a repeated blob writes its own temporary and a Sum of only those
-    writes X_grad, registered once (GI of its first index): the backward builder may then
-    rename that Sum's output when X_grad also gets contributions from other ops.
-    """
-    first: dict[str, int] = {}
-    for i in indices:
-        first.setdefault(g.def_.inputs[i], i)
-    repeated = {b for b in first if sum(g.def_.inputs[i] == b for i in indices) > 1}
-    names, parts = [], {}
-    for i in indices:
-        blob = g.def_.inputs[i]
-        gi = g.GI(first[blob])
-        if blob in repeated:
-            parts.setdefault(gi, []).append(f"{gi}_part{i}")
-            gi = parts[gi][-1]
-        names.append(gi)
-    return names, [g.op("Sum", tmp, [gi]) for gi, tmp in parts.items()]
 
 
 def broadcast_shapes(what: str, a: Sequence[int], b: Sequence[int],
@@ -215,8 +187,6 @@ for _type in _FORWARD:
 def _binary_maker(type: str):
     def maker(g: GradientContext) -> list[OperatorDef]:
         d = g.def_
-        names, sums = input_grad_names(g, (0, 1))
-
         def ref(i: int) -> str:
             # Add/Sub/Div read A only for its shape (Add/Sub also B's): when this op wrote
             # that input in place, dY has the same shape and stands in for it.
@@ -227,7 +197,8 @@ def _binary_maker(type: str):
 
         ins = [g.GO(0), ref(0), ref(1)] + ([g.O(0)] if type == "Div" else [])
         args = g.copy_args("broadcast", "axis")
-        return [g.op(f"{type}Gradient", ins, names, **args)] + sums
+        # Mul(X, X) names X_grad twice; the backward builder sums the two contributions.
+        return [g.op(f"{type}Gradient", ins, [g.GI(0), g.GI(1)], **args)]
 
     return maker
 

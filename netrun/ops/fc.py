@@ -9,7 +9,8 @@ from netrun.core.gradient import register_gradient
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import ShapeError
-from netrun.ops.elementwise import broadcast_shapes, fmt, input_grad_names, sum_to
+from netrun.ops.common import fmt
+from netrun.ops.elementwise import broadcast_shapes, sum_to
 
 
 def _nbytes(specs: list[TensorSpec]) -> int:
@@ -170,17 +171,18 @@ def _matmul_grad(g):
     # Caffe2's rule: both gradients are MatMuls of dY with the other operand.
     ta, tb = g.args.get("trans_a", 0), g.args.get("trans_b", 0)
     A, B, dY = g.I(0), g.I(1), g.GO(0)
-    (ga, gb), ops = input_grad_names(g, (0, 1))
+    # MatMul(X, X) names X_grad for both; the backward builder sums the two contributions.
+    ga, gb, ops = g.GI(0), g.GI(1), []
     if g.needs(0):
         if ta:   # A is K×M: dA = op(B)·dYᵀ
-            ops.insert(0, g.op("MatMul", [B, dY], [ga], trans_a=tb, trans_b=1))
+            ops.append(g.op("MatMul", [B, dY], [ga], trans_a=tb, trans_b=1))
         else:    # dA = dY·op(B)ᵀ
-            ops.insert(0, g.op("MatMul", [dY, B], [ga], trans_b=1 - tb))
+            ops.append(g.op("MatMul", [dY, B], [ga], trans_b=1 - tb))
     if g.needs(1):
         if tb:   # B is N×K: dB = dYᵀ·op(A)
-            ops.insert(0, g.op("MatMul", [dY, A], [gb], trans_a=1, trans_b=ta))
+            ops.append(g.op("MatMul", [dY, A], [gb], trans_a=1, trans_b=ta))
         else:    # dB = op(A)ᵀ·dY
-            ops.insert(0, g.op("MatMul", [A, dY], [gb], trans_a=1 - ta))
+            ops.append(g.op("MatMul", [A, dY], [gb], trans_a=1 - ta))
     return ops
 
 
@@ -248,6 +250,5 @@ def batch_matmul_gradient(ctx, A, B, dY):
 
 @register_gradient("BatchMatMul")
 def _bmm_grad(g):
-    names, sums = input_grad_names(g, (0, 1))
-    return [g.op("BatchMatMulGradient", [g.I(0), g.I(1), g.GO(0)], names,
-                 **g.copy_args())] + sums
+    return [g.op("BatchMatMulGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0), g.GI(1)],
+                 **g.copy_args())]

@@ -4,7 +4,8 @@ from __future__ import annotations
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Args, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
-from netrun.ops.loss import NO_IGNORE, check_labels, coerce_2d, input_cost, label_index
+from netrun.ops.common import input_cost
+from netrun.ops.labels import NO_IGNORE, check_labels, coerce_2d, label_index
 
 
 # Accuracy --------------------------------------------------------------------------------

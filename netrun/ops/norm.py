@@ -6,8 +6,7 @@ from netrun.core.gradient import register_gradient
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
-from netrun.ops.common import same_as_input
-from netrun.ops.loss import input_cost
+from netrun.ops.common import input_cost, same_as_input
 
 ORDER = Arg("order", "str", "NCHW", allowed=("NCHW", "NHWC"), doc="layout of X")
 

@@ -1,18 +1,15 @@
-"""Shape and data-movement ops: Concat, Split, Slice, Flatten, Reshape, ResizeLike, Transpose,
-Copy, StopGradient, ReduceSum, ReduceMean. Each section: schema, kernel, gradient maker.
+"""Data movement: Concat, Split, Slice, Transpose, Copy, StopGradient. Each section: schema,
+kernel, gradient maker. Views and reshapes are in reshape.py, reductions in reduce.py.
 
 Shape inference marks a dim known only at run time (sizes read from an input tensor) as -1.
 """
 from __future__ import annotations
 
-import math
-
 from netrun.core.gradient import register_gradient
 from netrun.core.registry import register_kernel
 from netrun.core.schema import MANY, Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import GradientError, SchemaError, ShapeError
-from netrun.ops.common import elementwise_cost, same_as_input
-from netrun.ops.elementwise import fmt, input_grad_names
+from netrun.ops.common import elementwise_cost, fmt, normalize_axis, same_as_input
 
 
 def _move_cost(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
@@ -20,23 +17,10 @@ def _move_cost(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cos
     return Cost(0, ins[0].nbytes, sum(o.nbytes for o in outs))
 
 
-def _view_cost(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
-    """A view of the input: no data moves."""
-    return Cost(0, 0, 0)
-
-
-def _axis(what: str, axis: int, ndim: int, **shapes: tuple) -> int:
-    """`axis` in [-ndim, ndim) made non-negative, or a ShapeError naming the blobs' shapes."""
-    if not -ndim <= axis < ndim:
-        named = ", ".join(f"{role} {fmt(s)}" for role, s in shapes.items())
-        raise ShapeError(f"{what}: axis {axis} is out of range for {ndim} dims: {named}")
-    return axis % ndim
-
-
 # Concat ---------------------------------------------------------------------------------
 def _concat_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
     first = ins[0].shape
-    axis = _axis("Concat", args.axis, len(first) + args.add_axis,
+    axis = normalize_axis("Concat", args.axis, len(first) + args.add_axis,
                  **{f"input {k}": s.shape for k, s in enumerate(ins)})
     for k, spec in enumerate(ins[1:], start=1):
         s = spec.shape
@@ -78,8 +62,9 @@ def _concat_grad(g):
     if len(g.def_.outputs) < 2:
         raise GradientError(f"op {g.def_.label}: the gradient needs Concat's second output "
                             f"(split_info); add one")
-    names, sums = input_grad_names(g, range(len(g.def_.inputs)))
-    return [g.op("Split", [g.GO(0), g.O(1)], names, **g.copy_args())] + sums
+    # Concat(X, X) names X_grad twice; the backward builder sums the two slices.
+    names = [g.GI(i) for i in range(len(g.def_.inputs))]
+    return [g.op("Split", [g.GO(0), g.O(1)], names, **g.copy_args())]
 
 
 # Split ----------------------------------------------------------------------------------
@@ -98,7 +83,7 @@ def _check_split(op, args: Args) -> None:
 
 
 def _split_sizes(args: Args, x: tuple, n: int, given=None) -> list[int]:
-    axis = _axis("Split", args.axis, len(x), X=x)
+    axis = normalize_axis("Split", args.axis, len(x), X=x)
     sizes = list(given if given is not None else args.split)
     if not sizes:
         if x[axis] % n:
@@ -123,7 +108,7 @@ def _split_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
         raise ShapeError("Split: the number of outputs is unknown (resolve the args with "
                          "schema.verify first)")
     x = ins[0].shape
-    axis = _axis("Split", args.axis, len(x), X=x)
+    axis = normalize_axis("Split", args.axis, len(x), X=x)
     if len(ins) == 2 and not args.add_axis:
         sizes = [-1] * n        # read from the sizes tensor at run time
     else:
@@ -224,123 +209,6 @@ def _slice_grad(g):
     return [g.op("SliceGradient", [g.I(0), g.GO(0)], [g.GI(0)], **g.copy_args())]
 
 
-# Flatten, ResizeLike --------------------------------------------------------------------
-def _flatten_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
-    x = ins[0].shape
-    if not -len(x) <= args.axis <= len(x):
-        raise ShapeError(f"Flatten: axis {args.axis} is out of range for X {fmt(x)}")
-    axis = args.axis + len(x) if args.axis < 0 else args.axis
-    return [TensorSpec((math.prod(x[:axis]), math.prod(x[axis:])), ins[0].dtype)]
-
-
-register_schema("Flatten", inputs=1, outputs=1, input_names=("X",), output_names=("Y",),
-                args=[Arg("axis", "int", 1)], shape_fn=_flatten_shape, cost_fn=_view_cost,
-                family="shape",
-                doc="Y = X as 2-D: the dims before `axis` times the dims from it on (a view).")
-
-
-@register_kernel("Flatten")
-def flatten(ctx, X):
-    return X.reshape(_flatten_shape(ctx.args, [TensorSpec(X.shape)])[0].shape)
-
-
-@register_gradient("Flatten")
-def _flatten_grad(g):
-    return [g.op("ResizeLike", [g.GO(0), g.I(0)], [g.GI(0)])]
-
-
-def _resize_like_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
-    if ins[0].size != ins[1].size:
-        raise ShapeError(f"ResizeLike: X has {ins[0].size} elements but like has "
-                         f"{ins[1].size}: X {ins[0]}, like {ins[1]}")
-    return [TensorSpec(ins[1].shape, ins[0].dtype)]
-
-
-register_schema("ResizeLike", inputs=2, outputs=1, input_names=("X", "like"),
-                output_names=("Y",), shape_fn=_resize_like_shape, cost_fn=_view_cost,
-                non_differentiable=(1,), family="shape",
-                doc="Y = X reshaped to the shape of `like` (a view; the sizes must agree).")
-
-
-@register_kernel("ResizeLike")
-def resize_like(ctx, X, like):
-    _resize_like_shape(ctx.args, [TensorSpec(X.shape), TensorSpec(like.shape)])
-    return X.reshape(like.shape)
-
-
-@register_gradient("ResizeLike")
-def _resize_like_grad(g):
-    return [g.op("ResizeLike", [g.GO(0), g.I(0)], [g.GI(0)])]
-
-
-# Reshape --------------------------------------------------------------------------------
-def _check_reshape(op, args: Args) -> None:
-    if len(op.inputs) == 2 and "shape" in op.args:
-        raise SchemaError(f"op {op.label}: give the new shape either as argument 'shape' or "
-                          f"as input 1, not both")
-    if len(op.inputs) == 1 and "shape" not in op.args:
-        raise SchemaError(f"op {op.label}: missing argument 'shape' (or a shape input)")
-    if args.shape.count(-1) > 1 or any(d < -1 for d in args.shape):
-        raise SchemaError(f"op {op.label}: argument 'shape' is {args.shape}; use sizes >= 0, "
-                          f"0 to copy a dim and at most one -1 to infer a dim")
-
-
-def _reshape_target(x: tuple, shape) -> tuple[int, ...]:
-    """Caffe2's rule: 0 copies X's dim at that index, -1 takes whatever is left."""
-    def bad() -> ShapeError:
-        return ShapeError(f"Reshape: cannot reshape X {fmt(x)} ({math.prod(x)} elements) to "
-                          f"shape {list(shape)}")
-
-    if any(d == 0 and i >= len(x) for i, d in enumerate(shape)):
-        raise bad()
-    out = [x[i] if d == 0 else int(d) for i, d in enumerate(shape)]
-    if -1 in out:
-        known = math.prod(d for d in out if d != -1)
-        if known == 0 or math.prod(x) % known:
-            raise bad()
-        out[out.index(-1)] = math.prod(x) // known
-    if math.prod(out) != math.prod(x):
-        raise bad()
-    return tuple(out)
-
-
-def _reshape_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
-    x = ins[0].shape
-    if len(ins) == 2:   # the shape comes from a tensor: only its length is known now
-        out = (-1,) * (ins[1].shape[0] if ins[1].shape else 0)
-    else:
-        out = _reshape_target(x, args.shape)
-    return [TensorSpec(out, ins[0].dtype), TensorSpec((len(x),), "int64")]
-
-
-register_schema("Reshape", inputs=(1, 2), outputs=(1, 2), input_names=("X", "new_shape"),
-                output_names=("Y", "old_shape"), inplace=((0, 0),),
-                args=[Arg("shape", "ints", [], doc="0 copies a dim, -1 infers one")],
-                shape_fn=_reshape_shape, cost_fn=_view_cost, check_fn=_check_reshape,
-                non_differentiable=(1,), family="shape",
-                doc="Y = X with a new shape (a view); old_shape (int64) keeps X's shape for "
-                    "the gradient, which reshapes dY back to it.")
-
-
-@register_kernel("Reshape")
-def reshape(ctx, X, S=None):
-    xp = ctx.xp
-    shape = ctx.backend.to_host(S).reshape(-1).tolist() if S is not None else ctx.args.shape
-    Y = X.reshape(_reshape_target(X.shape, shape))
-    if len(ctx.def_.outputs) == 1:
-        return Y
-    old = ctx.output(1, (X.ndim,), "int64")
-    old[...] = xp.asarray(X.shape, dtype="int64")
-    return Y, None
-
-
-@register_gradient("Reshape")
-def _reshape_grad(g):
-    if len(g.def_.outputs) == 2:
-        return [g.op("Reshape", [g.GO(0), g.O(1)], [g.GI(0), f"{g.GI(0)}_old_shape"])]
-    return [g.op("ResizeLike", [g.GO(0), g.I(0)], [g.GI(0)])]
-
-
 # Transpose ------------------------------------------------------------------------------
 def _check_transpose(op, args: Args) -> None:
     n = len(args.axes)
@@ -405,86 +273,3 @@ def copy(ctx, X):
 @register_gradient("Copy")
 def _copy_grad(g):
     return [g.op("Copy", [g.GO(0)], [g.GI(0)])]
-
-
-# ReduceSum, ReduceMean ------------------------------------------------------------------
-def _check_reduce(op, args: Args) -> None:
-    if len(set(args.axes)) != len(args.axes):
-        raise SchemaError(f"op {op.label}: argument 'axes' repeats an axis: {args.axes}")
-
-
-def _reduce_axes(what: str, args: Args, x: tuple) -> tuple[int, ...]:
-    if not args.axes:
-        return tuple(range(len(x)))
-    axes = tuple(_axis(what, a, len(x), X=x) for a in args.axes)
-    if len(set(axes)) != len(axes):
-        raise ShapeError(f"{what}: axes {args.axes} name the same dim twice for X {fmt(x)}")
-    return axes
-
-
-def _reduce_shape_fn(what: str):
-    def fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
-        x = ins[0].shape
-        axes = _reduce_axes(what, args, x)
-        out = tuple(1 if i in axes else d for i, d in enumerate(x)
-                    if args.keepdims or i not in axes)
-        return [TensorSpec(out, ins[0].dtype)]
-
-    return fn
-
-
-def _reduce_cost(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
-    return Cost(ins[0].size, ins[0].nbytes, outs[0].nbytes)
-
-
-_REDUCE_ARGS = [Arg("axes", "ints", [], doc="dims to reduce; default all"),
-                Arg("keepdims", "int", 1, (0, 1), "keep reduced dims as size 1")]
-
-for _type, _what in (("ReduceSum", "sum"), ("ReduceMean", "mean")):
-    register_schema(_type, inputs=1, outputs=1, input_names=("X",), output_names=("Y",),
-                    args=_REDUCE_ARGS, shape_fn=_reduce_shape_fn(_type),
-                    cost_fn=_reduce_cost,
-                    check_fn=_check_reduce, family="shape",
-                    doc=f"Y = the {_what} of X over `axes` (all by default).")
-    register_schema(f"{_type}Gradient", inputs=2, outputs=1, input_names=("X", "dY"),
-                    output_names=("dX",), args=_REDUCE_ARGS, shape_fn=same_as_input(0),
-                    cost_fn=elementwise_cost(1), family="shape",
-                    doc=f"dX = dY broadcast back over the reduced dims"
-                        f"{', divided by their size' if _what == 'mean' else ''}.")
-
-
-def _reduce_kernel(type: str):
-    def kernel(ctx, X):
-        xp, a = ctx.xp, ctx.args
-        out = _reduce_shape_fn(type)(a, [TensorSpec(X.shape)])[0].shape
-        Y = ctx.output(0, out, X.dtype)
-        fn = xp.sum if type == "ReduceSum" else xp.mean
-        fn(X, axis=_reduce_axes(type, a, X.shape), keepdims=bool(a.keepdims), out=Y)
-
-    return kernel
-
-
-def _reduce_grad_kernel(type: str):
-    def kernel(ctx, X, dY):
-        axes = _reduce_axes(type, ctx.args, X.shape)
-        kept = tuple(1 if i in axes else d for i, d in enumerate(X.shape))  # dY with keepdims
-        dX = ctx.output(0, X.shape, dY.dtype)
-        # mean: each input element contributed 1/count of the output it fed.
-        count = math.prod(X.shape[i] for i in axes)
-        scale = 1.0 / count if type == "ReduceMean" and count else 1.0
-        ctx.xp.multiply(dY.reshape(kept), scale, out=dX)
-
-    return kernel
-
-
-def _reduce_maker(type: str):
-    def maker(g):
-        return [g.op(f"{type}Gradient", [g.I(0), g.GO(0)], [g.GI(0)], **g.copy_args())]
-
-    return maker
-
-
-for _type in ("ReduceSum", "ReduceMean"):
-    register_kernel(_type)(_reduce_kernel(_type))
-    register_kernel(f"{_type}Gradient")(_reduce_grad_kernel(_type))
-    register_gradient(_type)(_reduce_maker(_type))

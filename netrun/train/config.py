@@ -125,7 +125,9 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     data = dict(raw.get("data") or {})
     if "dir" in data and isinstance(data["dir"], str):
         data["dir"] = expand(data["dir"])
-    output = expand(str(raw.get("output", f"runs/{model.stem}")))
+    # Like the model path, a relative output folder is relative to the config file.
+    output = Path(expand(str(raw.get("output", f"runs/{model.stem}"))))
+    output = str(output if output.is_absolute() or path is None else base / output)
     return TrainConfig(model=str(model), data=data, solver=solver,
                        device=str(raw.get("device", "cpu")), output=output,
                        algo_search=str(raw.get("algo_search", "heuristic")), raw=raw,

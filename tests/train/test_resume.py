@@ -1,6 +1,8 @@
 """Resume is exact: N steps straight equal N/2 + checkpoint + resume + N/2, bit for bit."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from netrun.train.config import load_config
@@ -44,3 +46,12 @@ def test_training_learns(tiny_config, tmp_path):
     assert np.mean(losses[-10:]) < np.mean(losses[:5])
     result = tr.test()
     assert result.examples == 96 and 0.0 <= result.accuracy <= 1.0
+
+
+def test_relative_paths_resolve_against_the_config(tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "c.yaml").write_text("model: ../zoo/m.yaml\noutput: ../runs/x\n"
+                                                  "data: {source: generated}\n")
+    cfg = load_config(tmp_path / "configs" / "c.yaml")
+    assert Path(cfg.output).resolve() == (tmp_path / "runs" / "x").resolve()
+    assert Path(cfg.model).resolve() == (tmp_path / "zoo" / "m.yaml").resolve()
