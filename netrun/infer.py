@@ -23,28 +23,59 @@ class Inputs:
 
 
 class Predictor:
-    """A checkpoint's predict net bound to a workspace with its parameters loaded."""
+    """A predict net bound to a workspace with its parameters loaded."""
 
-    def __init__(self, checkpoint: str | os.PathLike, device: str = "cpu"):
-        self.info = ckpt.read_info(checkpoint)
-        self.net = self.info.net("predict")
+    def __init__(self, net, ws: Workspace, inputs: dict, labels: list[str], outputs: list[str],
+                 config: dict | None = None):
+        self.net = net
         self.net.name = "predict"
-        model = self.info.meta.get("model", {})
-        self.input_name = next((n for n in model.get("inputs", {})
-                                if n not in model.get("labels", [])), None) or self.net.external_inputs[0]
-        spec = model.get("inputs", {}).get(self.input_name)
+        self.ws = ws
+        self.config = config or {}
+        self.input_name = next((n for n in inputs if n not in labels), None) or net.external_inputs[0]
+        spec = inputs.get(self.input_name)
         self.example_shape = tuple(spec[0]) if spec else None
-        self.output_name = (model.get("outputs") or [self.net.ops[-1].outputs[0]])[0]
-        self.outputs_probabilities = bool(self.net.ops) and self.net.ops[-1].type == "Softmax"
-        self.ws = Workspace(device)
-        ckpt.load_blobs(self.ws, checkpoint, self.info.params, "params")
-        self.ws.create_net(self.net)
+        self.output_name = (outputs or [net.ops[-1].outputs[0]])[0]
+        self.outputs_probabilities = bool(net.ops) and net.ops[-1].type == "Softmax"
+        ws.create_net(self.net)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: str | os.PathLike, device: str = "cpu") -> "Predictor":
+        """The predict net and parameters a netrun checkpoint holds."""
+        info = ckpt.read_info(checkpoint)
+        model = info.meta.get("model", {})
+        ws = Workspace(device)
+        ckpt.load_blobs(ws, checkpoint, info.params, "params")
+        return cls(info.net("predict"), ws, model.get("inputs", {}), model.get("labels", []),
+                   model.get("outputs", []), info.meta.get("config"))
+
+    @classmethod
+    def from_model(cls, path: str | os.PathLike, weights: str | os.PathLike,
+                   device: str = "cpu") -> "Predictor":
+        """A model file (.prototxt, .yaml, .pbtxt) with weights from a caffemodel or checkpoint."""
+        from netrun.model import load_model
+        from netrun.train.weights import load_weights
+
+        model = load_model(path)
+        ws = Workspace(device, seed=0)
+        ws.run_net_once(model.init_net)
+        load_weights(ws, weights, model)
+        inputs = {n: (None if s is None else [list(s.shape), s.dtype]) for n, s in model.inputs.items()}
+        config = None
+        if hasattr(model, "data_layers"):      # a Caffe net: its TEST data layer's transform
+            from netrun.caffe import data_config
+
+            try:
+                config = {"data": data_config(model)}
+            except Exception:
+                config = None
+        return cls(model.predict_net.copy(), ws, inputs, list(model.labels), list(model.outputs),
+                   config)
 
     def transform(self):
         """The test-time transform of the training config (scale, mean, crop)."""
         from netrun.train.data import make_transform
 
-        cfg = (self.info.meta.get("config") or {}).get("data", {}) or {}
+        cfg = self.config.get("data", {}) or {}
         return make_transform(cfg.get("transform"))
 
     def predict(self, data: np.ndarray, batch_size: int = 256) -> np.ndarray:
@@ -121,7 +152,7 @@ def _read_spec(spec: str, predictor: Predictor, data_dir: str | None):
     cfg, part = parse_spec(spec)
     if cfg["source"].endswith("-10k"):                 # mnist-10k:test is mnist, split mnist-10k
         cfg = {"source": cfg["source"][: -len("-10k")], "split": "mnist-10k"}
-    trained = dict((predictor.info.meta.get("config") or {}).get("data", {}) or {})
+    trained = dict(predictor.config.get("data", {}) or {})
     if trained.get("source") == cfg["source"]:
         # The same source as in training: keep its settings (folder, counts, seed, split).
         for key in ("batch_size", "test_batch_size", "transform"):

@@ -112,7 +112,9 @@ def _load_pbtxt(path: Path, **options) -> Model:
 
 
 def _load_prototxt(path: Path, **options) -> Model:
-    raise NetrunError(f"{path}: Caffe prototxt support arrives with the Caffe translator")
+    from netrun.caffe import load_caffe_model
+
+    return load_caffe_model(path, **options)
 
 
 LOADERS: dict[str, Loader] = {
@@ -124,11 +126,12 @@ LOADERS: dict[str, Loader] = {
 }
 
 
-def load_model(path: str | Path, data_inputs: list[str] | None = None) -> Model:
+def load_model(path: str | Path, data_inputs: list[str] | None = None, **options) -> Model:
     """Load a model file: layer/ops YAML, a NetDef (.pbtxt or NetDef YAML), Caffe .prototxt.
 
     `data_inputs` names the data blobs of a bare NetDef (default: its first external input,
     as Caffe2 predict nets list it); the other external inputs that no op writes are params.
+    Other options go to the format's loader (Caffe: stages, level, input_shapes).
     """
     path = Path(path)
     loader = LOADERS.get(path.suffix.lower())
@@ -137,7 +140,8 @@ def load_model(path: str | Path, data_inputs: list[str] | None = None) -> Model:
                           f"{', '.join(LOADERS)}")
     if not path.is_file():
         raise ParseError("no such model file", str(path))
-    options = {"data_inputs": data_inputs} if data_inputs is not None else {}
+    if data_inputs is not None:
+        options["data_inputs"] = data_inputs
     return loader(path, **options)
 
 

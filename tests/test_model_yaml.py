@@ -239,10 +239,9 @@ def test_netdef_yaml_loads_as_a_bare_net(tmp_path):
     assert m.train_net == net and "label" in m.inputs and "conv1_w" in m.param_names
 
 
-def test_prototxt_is_a_clear_stub_and_unknown_formats_fail(tmp_path):
+def test_empty_prototxt_and_unknown_formats_fail(tmp_path):
     (tmp_path / "m.prototxt").write_text('name: "x"\n')
-    with pytest.raises(NetrunError, match="Caffe prototxt support arrives with the Caffe "
-                                          "translator"):
+    with pytest.raises(ParseError, match="m.prototxt:1:1: net 'x' has no layers"):
         load_model(tmp_path / "m.prototxt")
     (tmp_path / "m.onnx").write_text("")
     with pytest.raises(NetrunError, match="unknown model format '.onnx'"):

@@ -17,10 +17,24 @@ from netrun.cli.console import console
 @click.option("--net", "which", type=click.Choice(["init", "train", "test", "predict"]),
               default="predict", show_default=True, help="Which net of the model to write.")
 def convert(source: str, target: str, which: str) -> None:
-    """Convert between model YAML, NetDef YAML and NetDef text format (.pbtxt)."""
+    """Convert between model YAML, NetDef YAML, NetDef text (.pbtxt) and Caffe .prototxt.
+
+    A Caffe .prototxt converts to a netrun model YAML (all nets); other inputs write the
+    net chosen by --net.
+    """
     from netrun.model import load_model
     from netrun.proto.io import save_netdef
 
-    net = load_model(source).net(which)
+    model = load_model(source)
+    if source.endswith(".prototxt") and target.endswith((".yaml", ".yml")):
+        from pathlib import Path
+
+        from netrun.caffe import caffe_to_yaml
+
+        # A whole Caffe net becomes a netrun model YAML (ops, init_ops, predict_ops).
+        Path(target).write_text(caffe_to_yaml(model))
+        console.info(f"wrote model '{model.name}' as netrun model YAML to {target}")
+        return
+    net = model.net(which)
     save_netdef(net, target)
     console.info(f"wrote {which} net '{net.name}' ({len(net.ops)} ops) to {target}")

@@ -13,7 +13,7 @@ SHOWN = 20
 
 
 @click.command()
-@click.argument("checkpoint", type=click.Path(dir_okay=False))
+@click.argument("checkpoint", metavar="CHECKPOINT|MODEL", type=click.Path(dir_okay=False))
 @click.argument("input", metavar="INPUT")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Write predictions to .npy (probabilities), .npz, .json or .csv.")
@@ -23,15 +23,31 @@ SHOWN = 20
 @click.option("--data-dir", help="Folder holding the dataset of a SOURCE:PART input.")
 @click.option("--raw", is_flag=True, help="Feed INPUT as is, without the training config's "
               "test-time transform (scale, mean, crop).")
+@click.option("--scale", type=float,
+              help="Multiply the inputs by this after any transform (e.g. 0.00390625 for a "
+                   "Caffe deploy net trained on 0..1 pixels).")
+@click.option("--weights", type=click.Path(dir_okay=False),
+              help="With a MODEL file (.prototxt, .yaml): its weights, a .caffemodel(.h5) or a "
+                   "netrun checkpoint.")
 @click.option("--json", "as_json", is_flag=True, help="Print predictions as JSON on stdout.")
-def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, as_json):
-    """Predict with CHECKPOINT on INPUT: a .npy/.npz/.h5 file or SOURCE:PART (mnist-10k:test)."""
+def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, scale, weights,
+          as_json):
+    """Predict on INPUT (a .npy/.npz/.h5 file or SOURCE:PART such as mnist-10k:test) with a
+    netrun CHECKPOINT, or with a MODEL file and --weights (e.g. a Caffe deploy.prototxt and
+    its .caffemodel)."""
     import numpy as np
 
     from netrun.infer import Predictor, load_inputs, score
 
-    predictor = Predictor(checkpoint, device)
+    if checkpoint.endswith((".prototxt", ".yaml", ".yml", ".pbtxt")):
+        if not weights:
+            raise NetrunError(f"{checkpoint} is a model file: give its weights with --weights")
+        predictor = Predictor.from_model(checkpoint, weights, device)
+    else:
+        predictor = Predictor.from_checkpoint(checkpoint, device)
     inputs = load_inputs(input, predictor, data_dir, transform=not raw)
+    if scale is not None:
+        inputs.data *= scale
     probs = predictor.predict(inputs.data, batch_size)
     k = min(top_k, probs.shape[1])
     top = np.argsort(-probs, axis=1, kind="stable")[:, :k]

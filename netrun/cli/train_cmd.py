@@ -20,13 +20,31 @@ from netrun.cli.console import abort, console
               help="Override a config value, e.g. --set solver.base_lr=0.1 (repeatable).")
 @click.option("--max-iter", type=int, help="Stop after this many iterations in all.")
 @click.option("--data-dir", envvar="NETRUN_DATA_DIR", help="Folder holding the dataset.")
+@click.option("--data", "data_spec", metavar="SOURCE[:SPLIT]",
+              help="Train on this data source instead, e.g. mnist-10k or mnist:standard "
+                   "(maps a Caffe net's LMDB Data layers to a netrun source).")
+@click.option("--weights", type=click.Path(dir_okay=False),
+              help="Start from these weights: a netrun checkpoint or a Caffe .caffemodel(.h5).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-def train(config, device, output, resume, overrides, max_iter, data_dir, as_json):
-    """Train the model of CONFIG (a train-config YAML)."""
-    from netrun.train.config import load_config
+def train(config, device, output, resume, overrides, max_iter, data_dir, data_spec, weights,
+          as_json):
+    """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
+    from netrun.train.config import load_config, with_overrides
     from netrun.train.trainer import Callbacks, Trainer
 
-    cfg = load_config(config, list(overrides))
+    data = _data_override(data_spec)
+    if config.endswith(".prototxt"):
+        from netrun.caffe import is_solver_file, solver_to_config
+
+        if not is_solver_file(config):
+            abort(f"{config} is a Caffe net, not a solver: train with its solver .prototxt "
+                  f"(or a train-config YAML whose model is this net)")
+        cfg = with_overrides(solver_to_config(config, data, weights), list(overrides))
+        for note in cfg.raw.get("notes", []):
+            console.detail(f"note: {note}")
+    else:
+        cfg = with_overrides(load_config(config), list(overrides), data)
+    weights = weights or cfg.raw.get("weights")
     if max_iter is not None:
         cfg.solver.max_iter = max_iter
     trainer = Trainer(cfg, device=device, output=output, data_dir=data_dir)
@@ -38,6 +56,10 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, as_json
     trainer.start(resume)
     if resume:
         console.info(f"resumed from {resume} at iteration {trainer.iteration}")
+    elif weights:
+        from netrun.train.weights import load_weights
+
+        console.info(f"initial weights: {load_weights(trainer.ws, weights, trainer.model)}")
 
     state = {"start": time.perf_counter(), "examples": 0, "loss": None, "test": None}
     progress = _progress(cfg.solver.max_iter, trainer.iteration, as_json)
@@ -89,6 +111,14 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, as_json
         console.line(f"done: {trainer.iteration} iterations in {seconds:.1f} s"
                      + (f", test accuracy {acc:.2%}" if acc is not None else "")
                      + f"; checkpoint {summary['checkpoint']}")
+
+
+def _data_override(spec: str | None) -> dict | None:
+    """--data mnist-10k -> {'source': 'mnist-10k'}; mnist:standard -> with a split."""
+    if not spec:
+        return None
+    source, _, split = spec.partition(":")
+    return {"source": source, **({"split": split} if split else {})}
 
 
 def _raise_interrupt(signum, frame):

@@ -63,7 +63,9 @@ class TrainConfig:
     path: str | None = None
 
 
-_TOP_KEYS = {"model", "data", "solver", "device", "output", "algo_search", "name"}
+_TOP_KEYS = {"model", "data", "solver", "device", "output", "algo_search", "name", "weights"}
+# Keys a config made from a Caffe solver carries for the record.
+_RECORD_KEYS = {"caffe_solver", "notes"}
 
 
 def set_path(cfg: dict, dotted: str, value: Any) -> None:
@@ -110,11 +112,28 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> TrainConf
     return config_from_dict(raw, path)
 
 
+def with_overrides(cfg: TrainConfig, overrides: list[str], data: dict | None = None) -> TrainConfig:
+    """The config with --set overrides and a data-source override applied."""
+    if not overrides and not data:
+        return cfg
+    raw = copy.deepcopy(cfg.raw)
+    raw["model"] = cfg.model                # already resolved: keep it as it is
+    raw["output"] = cfg.output
+    if data:
+        raw["data"] = {**{k: v for k, v in (raw.get("data") or {}).items()
+                          if k not in ("source", "split", "dir")}, **data}
+    for item in overrides:
+        set_path(raw, *parse_override(item))
+    out = config_from_dict(raw, None)
+    out.path = cfg.path
+    return out
+
+
 def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     """Validate a config mapping; relative paths resolve against the config's folder."""
     where = f"{path}: " if path else ""
     for key in raw:
-        if key not in _TOP_KEYS:
+        if key not in _TOP_KEYS | _RECORD_KEYS:
             raise ConfigError(f"{where}unknown key '{key}'{suggest(key, _TOP_KEYS)}")
     if "model" not in raw:
         raise ConfigError(f"{where}missing 'model' (path to a .yaml, .pbtxt or .prototxt model)")

@@ -158,7 +158,9 @@ class Trainer:
     def _feed(self, batch) -> None:
         self.ws.feed_blob(self.data_name, batch[0])
         if self.label_name is not None:
-            self.ws.feed_blob(self.label_name, np.asarray(batch[1], dtype=np.int32))
+            spec = self.model.inputs.get(self.label_name)
+            self.ws.feed_blob(self.label_name,
+                              np.asarray(batch[1], dtype=spec.dtype if spec else np.int32))
 
     # Testing -------------------------------------------------------------------------------
     def test(self, max_batches: int = 0) -> TestResult:

@@ -83,7 +83,7 @@ def _spawn_training(config, output, extra=()):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
 
-def _wait_for(path: Path, proc, timeout=60.0):
+def _wait_for(path: Path, proc, timeout=180.0):
     deadline = time.time() + timeout
     while not path.exists():
         assert proc.poll() is None, proc.stderr.read().decode()
@@ -114,7 +114,7 @@ def test_sigint_saves_and_exits_cleanly(tiny_config, tmp_path):
     _wait_for(out / "last.h5", proc)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err and b"interrupted at iteration" in err
     assert ckpt.read_info(out / "last.h5").iteration > 0

@@ -62,3 +62,18 @@ def test_profile_json_adds_up(tiny_config, tmp_path):
     assert r.exit_code == 0, r.output
     trace = json.load(open(tmp_path / "t.json"))
     assert trace["traceEvents"] and all(e["ph"] == "X" for e in trace["traceEvents"])
+
+
+def test_gpu_without_cupy_exits_2(tiny_config, tmp_path):
+    try:
+        import cupy  # noqa: F401
+        import pytest
+
+        pytest.skip("CuPy is installed")
+    except ImportError:
+        pass
+    for args in (["train", tiny_config, "--device", "gpu", "--max-iter", "1"],
+                 ["profile", str(tmp_path / "tiny.yaml"), "--device", "gpu:1"]):
+        r = run(*args)
+        assert r.exit_code == 2, r.output
+        assert "needs CuPy" in r.output and "Traceback" not in r.output
