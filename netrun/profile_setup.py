@@ -64,6 +64,10 @@ def prepare(path: str, batch: int | None, device: str, forward_only: bool,
     else:
         model, solver = load_model(path), SolverConfig(type="sgd", momentum=0.9)
         batch = batch or 64
+    if not model.loss and not forward_only:
+        # A deploy net (no loss, no labels) can only be timed forward.
+        warnings.warn(f"{path} has no loss: timing the forward pass only")
+        forward_only = True
     return _from_model(model, solver, batch, device or "cpu", forward_only,
                        input_overrides or {}, seed, f"{model.name} ({kind} {path})")
 

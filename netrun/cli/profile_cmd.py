@@ -28,7 +28,13 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
     from netrun.profile import profile_net
     from netrun.profile_setup import prepare
 
-    prepared = prepare(target, batch, device, forward_only, inputs)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prepared = prepare(target, batch, device, forward_only, inputs)
+    for w in caught:
+        console.warn(str(w.message))
     console.info(f"profiling {prepared.description}, batch {prepared.batch}, "
                  f"{iters} iterations after {warmup} warm-up")
     result = profile_net(prepared.net, iters, warmup, prepared.phases, prepared.costs,
