@@ -8,6 +8,9 @@ into `netrun.ops.conv_algos.ALGORITHMS` when conv_algos is imported.
 """
 from __future__ import annotations
 
+# The operator families first: conv_algos imports the algorithm modules of this package at
+# its end, so any import order (netrun.algos.shift before netrun.ops, say) resolves the same.
+import netrun.ops  # noqa: F401,E402
 from netrun.algos.settings import MODES, AlgoSettings, configure, parse_bytes, settings_of
 
 

@@ -23,6 +23,7 @@ COMMANDS = {
     "train": "netrun.cli.train_cmd:train",
     "infer": "netrun.cli.infer_cmd:infer",
     "profile": "netrun.cli.profile_cmd:profile",
+    "algos": "netrun.cli.algos_cmd:algos",
 }
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from netrun.cli.algo_options import algo_options, configure_algos
 from netrun.cli.console import console
 from netrun.cli.inspect_cmd import parse_inputs
 
@@ -21,7 +22,11 @@ from netrun.cli.inspect_cmd import parse_inputs
 @click.option("--trace", type=click.Path(dir_okay=False),
               help="Write a Chrome trace (open in Perfetto) of the last iteration.")
 @click.option("--top", type=click.IntRange(0), default=0, help="Show only the N slowest ops.")
-def profile(target, batch, iters, warmup, device, forward_only, inputs, json_file, trace, top):
+@click.option("--compare-algos", is_flag=True,
+              help="Also time every applicable algorithm of each convolution.")
+@algo_options
+def profile(target, batch, iters, warmup, device, forward_only, inputs, json_file, trace, top,
+            compare_algos, algo_search, workspace_limit):
     """Time every operator of a model, train config or checkpoint (Caffe's `caffe time`)."""
     import json
 
@@ -35,12 +40,17 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
         prepared = prepare(target, batch, device, forward_only, inputs)
     for w in caught:
         console.warn(str(w.message))
+    configure_algos(prepared.net.ws, algo_search, workspace_limit)
     console.info(f"profiling {prepared.description}, batch {prepared.batch}, "
                  f"{iters} iterations after {warmup} warm-up")
     result = profile_net(prepared.net, iters, warmup, prepared.phases, prepared.costs,
                          before_iteration=prepared.feed)
+    comparisons = _compare(prepared.net) if compare_algos else {}
     if json_file:
         data = {"target": target, "batch": prepared.batch, "iters": iters, **result.to_json()}
+        if compare_algos:
+            data["algorithms"] = {name: [{"algo": a, "ms": ms} for a, ms in rows]
+                                  for name, rows in comparisons.items()}
         if json_file == "-":
             console.json(data)
             return
@@ -67,6 +77,38 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
                  f"sum of ops {result.sum_of_ops_ms:.3f} ms "
                  f"({100 * result.sum_of_ops_ms / total:.1f}% of the iteration)" if total else "")
     console.line(f"by phase: {phases}")
+    if comparisons:
+        console.line()
+        console.table(["op", "algorithm", "ms", "vs chosen"],
+                      [(name, a, f"{ms:.3f}", f"{ms / rows_ms(rows, chosen):.2f}x")
+                       for name, (rows, chosen) in _with_chosen(comparisons, result).items()
+                       for a, ms in rows],
+                      title="every applicable algorithm per convolution (summed over its passes)",
+                      right=["ms", "vs chosen"])
+
+
+def _compare(net) -> dict[str, list[tuple[str, float]]]:
+    """Each conv op's applicable algorithms with their times, fastest first."""
+    from netrun.algos import compare_algorithms
+
+    out = {}
+    for i, op in enumerate(net.ops):
+        if op.def_.type in ("Conv", "ConvGradient", "ConvTranspose", "ConvTransposeGradient"):
+            out[op.def_.name or f"{op.def_.type}_{i}"] = compare_algorithms(op)
+    return out
+
+
+def _with_chosen(comparisons, result):
+    chosen = {o.name: o.algo for o in result.ops}
+    return {name: (rows, chosen.get(name, "")) for name, rows in comparisons.items()}
+
+
+def rows_ms(rows, chosen: str) -> float:
+    """The chosen algorithm's time (the fastest's when it is not in the list)."""
+    for algo, ms in rows:
+        if algo == chosen:
+            return ms
+    return rows[0][1] if rows else 1.0
 
 
 def _num(value: float) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from netrun.cli.algo_options import algo_options, configure_algos
 from netrun.cli.console import abort, console
 
 
@@ -25,9 +26,10 @@ from netrun.cli.console import abort, console
                    "(maps a Caffe net's LMDB Data layers to a netrun source).")
 @click.option("--weights", type=click.Path(dir_okay=False),
               help="Start from these weights: a netrun checkpoint or a Caffe .caffemodel(.h5).")
+@algo_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def train(config, device, output, resume, overrides, max_iter, data_dir, data_spec, weights,
-          as_json):
+          algo_search, workspace_limit, as_json):
     """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
     from netrun.train.config import load_config, with_overrides
     from netrun.train.trainer import Callbacks, Trainer
@@ -48,6 +50,8 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, data_sp
     if max_iter is not None:
         cfg.solver.max_iter = max_iter
     trainer = Trainer(cfg, device=device, output=output, data_dir=data_dir)
+    mode = algo_search or (cfg.algo_search if cfg.algo_search != "heuristic" else None)
+    configure_algos(trainer.ws, mode, workspace_limit)
     if resume == "auto":
         last = Path(trainer.output) / "last.h5"
         resume = str(last) if last.exists() else None

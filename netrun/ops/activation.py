@@ -1,5 +1,6 @@
-"""Pointwise activations: Relu, LeakyRelu, PRelu, Elu, Sigmoid, Tanh, Softplus, Abs, Exp, Log,
-Sqrt, Clip, Scale. Each section: schema, kernel, gradient maker."""
+"""Activations: Relu, LeakyRelu, PRelu, Elu, Sigmoid, Tanh, Softplus. Each section: schema,
+kernel, gradient maker. Elementwise math (Abs, Exp, Log, Sqrt, Clip, Scale) is in unary.py,
+built with the same pointwise_op helper."""
 from __future__ import annotations
 
 import numpy as np
@@ -44,8 +45,9 @@ def _relu_grad(g):
 # backward fn(xp, R, dY, dX, args, scratch) writes dX (which may be dY) from R, the forward
 # output ("Y" ops, so the forward may run in place) or input ("X" ops). scratch() returns a
 # workspace buffer shaped like X, shared by all ops: it saves an allocation per run.
-def _pointwise(type: str, doc: str, forward, backward, reads="Y", flops: int = 1,
-               grad_flops: int = 2, args=(), check_fn=None, grad_doc: str = "") -> None:
+def pointwise_op(type: str, doc: str, forward, backward, reads="Y", flops: int = 1,
+                 grad_flops: int = 2, args=(), check_fn=None, grad_doc: str = "",
+                 family: str = "activation") -> None:
     """Register `type`, `typeGradient` and the gradient maker of a unary pointwise op.
 
     `reads` is "Y", "X", or a function of the op's resolved args that returns one of them.
@@ -53,13 +55,13 @@ def _pointwise(type: str, doc: str, forward, backward, reads="Y", flops: int = 1
     inplace = ((0, 0),) if reads != "X" else ()
     register_schema(type, inputs=1, outputs=1, input_names=("X",), output_names=("Y",),
                     args=args, inplace=inplace, shape_fn=same_as_input(0),
-                    cost_fn=elementwise_cost(flops), check_fn=check_fn, family="activation",
+                    cost_fn=elementwise_cost(flops), check_fn=check_fn, family=family,
                     doc=doc)
     register_schema(f"{type}Gradient", inputs=2, outputs=1,
                     input_names=(reads if isinstance(reads, str) else "R", "dY"),
                     output_names=("dX",), args=args, inplace=((1, 0),),
                     shape_fn=same_as_input(1), cost_fn=elementwise_cost(grad_flops),
-                    family="activation", doc=grad_doc or f"Gradient of {type}, from {reads}.")
+                    family=family, doc=grad_doc or f"Gradient of {type}, from {reads}.")
 
     @register_kernel(type)
     def kernel(ctx, X):
@@ -100,11 +102,11 @@ def _leaky_relu_reads(args) -> str:
     return "Y" if args.alpha >= 0 else "X"
 
 
-_pointwise("LeakyRelu", "Y = X where X > 0, alpha·X elsewhere. In place only with alpha >= 0 "
-           "(the gradient then reads Y).", _leaky_relu, _leaky_relu_grad,
-           reads=_leaky_relu_reads, flops=2, grad_flops=3,
-           args=[Arg("alpha", "float", 0.01, doc="slope for X <= 0")],
-           grad_doc="dX = dY where Y > 0 (X > 0 when alpha < 0), alpha·dY elsewhere.")
+pointwise_op("LeakyRelu", "Y = X where X > 0, alpha·X elsewhere. In place only with alpha >= 0 "
+             "(the gradient then reads Y).", _leaky_relu, _leaky_relu_grad,
+             reads=_leaky_relu_reads, flops=2, grad_flops=3,
+             args=[Arg("alpha", "float", 0.01, doc="slope for X <= 0")],
+             grad_doc="dX = dY where Y > 0 (X > 0 when alpha < 0), alpha·dY elsewhere.")
 
 
 # Elu: Y = X if X > 0 else alpha·(exp(X) - 1).
@@ -131,9 +133,9 @@ def _check_elu(op, args):
                           f"(the gradient recovers the sign of X from Y)")
 
 
-_pointwise("Elu", "Y = X where X > 0, alpha·(exp(X) - 1) elsewhere.", _elu, _elu_grad,
-           flops=3, grad_flops=3, args=[Arg("alpha", "float", 1.0)], check_fn=_check_elu,
-           grad_doc="dX = dY where Y > 0, dY·(Y + alpha) elsewhere.")
+pointwise_op("Elu", "Y = X where X > 0, alpha·(exp(X) - 1) elsewhere.", _elu, _elu_grad,
+             flops=3, grad_flops=3, args=[Arg("alpha", "float", 1.0)], check_fn=_check_elu,
+             grad_doc="dX = dY where Y > 0, dY·(Y + alpha) elsewhere.")
 
 
 # Sigmoid: Y = 1 / (1 + exp(-X)).
@@ -152,8 +154,8 @@ def _sigmoid_grad(xp, Y, dY, dX, args, scratch):
     xp.multiply(dY, s, out=dX)      # dX = dY·Y·(1 - Y)
 
 
-_pointwise("Sigmoid", "Y = 1 / (1 + exp(-X)), elementwise.", _sigmoid, _sigmoid_grad,
-           flops=4, grad_flops=3, grad_doc="dX = dY·Y·(1 - Y).")
+pointwise_op("Sigmoid", "Y = 1 / (1 + exp(-X)), elementwise.", _sigmoid, _sigmoid_grad,
+             flops=4, grad_flops=3, grad_doc="dX = dY·Y·(1 - Y).")
 
 
 # Tanh.
@@ -168,8 +170,8 @@ def _tanh_grad(xp, Y, dY, dX, args, scratch):
     xp.multiply(dY, s, out=dX)      # dX = dY·(1 - Y²)
 
 
-_pointwise("Tanh", "Y = tanh(X), elementwise.", _tanh, _tanh_grad, grad_flops=3,
-           grad_doc="dX = dY·(1 - Y²).")
+pointwise_op("Tanh", "Y = tanh(X), elementwise.", _tanh, _tanh_grad, grad_flops=3,
+             grad_doc="dX = dY·(1 - Y²).")
 
 
 # Softplus: Y = log(1 + exp(X)).
@@ -186,68 +188,8 @@ def _softplus_grad(xp, Y, dY, dX, args, scratch):
     xp.multiply(dY, s, out=dX)
 
 
-_pointwise("Softplus", "Y = log(1 + exp(X)), elementwise.", _softplus, _softplus_grad,
-           flops=3, grad_flops=3, grad_doc="dX = dY·sigmoid(X) = dY·(1 - exp(-Y)).")
-
-
-# Abs, Exp, Log, Sqrt.
-def _abs_grad(xp, X, dY, dX, args, scratch):
-    s = scratch()
-    xp.sign(X, out=s)
-    xp.multiply(dY, s, out=dX)
-
-
-def _sqrt_grad(xp, Y, dY, dX, args, scratch):
-    xp.divide(dY, Y, out=dX)
-    dX *= 0.5                   # d sqrt(X)/dX = 1 / (2·Y)
-
-
-_pointwise("Abs", "Y = |X|, elementwise.", lambda xp, X, Y, a, scratch: xp.abs(X, out=Y), _abs_grad,
-           reads="X", grad_doc="dX = dY·sign(X).")
-_pointwise("Exp", "Y = exp(X), elementwise.", lambda xp, X, Y, a, scratch: xp.exp(X, out=Y),
-           lambda xp, Y, dY, dX, a, scratch: xp.multiply(dY, Y, out=dX), grad_flops=1,
-           grad_doc="dX = dY·Y.")
-_pointwise("Log", "Y = log(X), elementwise.", lambda xp, X, Y, a, scratch: xp.log(X, out=Y),
-           lambda xp, X, dY, dX, a, scratch: xp.divide(dY, X, out=dX), reads="X", grad_flops=1,
-           grad_doc="dX = dY / X.")
-_pointwise("Sqrt", "Y = sqrt(X), elementwise.", lambda xp, X, Y, a, scratch: xp.sqrt(X, out=Y),
-           _sqrt_grad, grad_doc="dX = dY / (2·Y).")
-
-
-# Clip: Y = min(max(X, min), max).
-def _clip_grad(xp, Y, dY, dX, args, scratch):
-    # Y strictly inside (min, max) exactly where X is; at the bounds the gradient is 0.
-    xp.multiply(dY, (Y > args.min) & (Y < args.max), out=dX)
-
-
-def _check_clip(op, args):
-    if args.min > args.max:
-        raise SchemaError(f"op {op.label}: argument 'min' ({args.min}) is greater than "
-                          f"'max' ({args.max})")
-
-
-_pointwise("Clip", "Y = X limited to [min, max], elementwise.",
-           lambda xp, X, Y, a, scratch: xp.clip(X, a.min, a.max, out=Y), _clip_grad,
-           flops=2, args=[Arg("min", "float", float("-inf")), Arg("max", "float", float("inf"))],
-           check_fn=_check_clip, grad_doc="dX = dY where min < Y < max, else 0.")
-
-
-# Scale: Y = scale·X; its gradient is another Scale. ---------------------------------------
-register_schema("Scale", inputs=1, outputs=1, input_names=("X",), output_names=("Y",),
-                args=[Arg("scale", "float", 1.0)], inplace=((0, 0),), shape_fn=same_as_input(0),
-                cost_fn=elementwise_cost(1), family="activation", doc="Y = scale·X.")
-
-
-@register_kernel("Scale")
-def scale(ctx, X):
-    Y = ctx.output(0, X.shape, X.dtype)
-    # A Python float is a weak scalar: the product keeps X's dtype.
-    ctx.xp.multiply(X, ctx.args.scale, out=Y)
-
-
-@register_gradient("Scale")
-def _scale_grad(g):
-    return [g.op("Scale", [g.GO(0)], [g.GI(0)], **g.copy_args("scale"))]
+pointwise_op("Softplus", "Y = log(1 + exp(X)), elementwise.", _softplus, _softplus_grad,
+             flops=3, grad_flops=3, grad_doc="dX = dY·sigmoid(X) = dY·(1 - exp(-Y)).")
 
 
 # PRelu: Y = X if X > 0 else slope·X, one slope per channel or one shared. -----------------

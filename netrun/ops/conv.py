@@ -1,7 +1,9 @@
 """Convolution: Conv, ConvTranspose and their gradients (Caffe2's conv_op / conv_transpose_op).
 
-The arithmetic lives in `conv_algos`; these ops resolve the geometry, pick an algorithm per
-input shape (the `algo` argument, else `heuristic_choice`) and remember it in `ctx.state`.
+The arithmetic lives in `conv_algos` and `netrun.algos`; these ops resolve the geometry and,
+per input shape and direction, pick an algorithm (the `algo` argument, else the workspace's
+mode: rules, a timing search remembered on disk, or deterministic rules; see
+`netrun.algos.search.choose`) and remember it in `ctx.state`.
 Algorithms are NCHW-only: for order=NHWC the op transposes its inputs into scratch buffers
 and its outputs back (filters: Caffe2's NHWC layout M × kh × kw × C/G, i.e. the same
 (0, 3, 1, 2) transpose).
@@ -171,21 +173,42 @@ def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
 
 
 # Kernels ----------------------------------------------------------------------------------
-def _setup(ctx, X, W) -> tuple[ConvProblem, object, tuple[int, ...]]:
-    """Problem, algorithm and output shape for these input shapes, kept in ctx.state."""
-    key = (X.shape, W.shape, str(X.dtype))
+def _setup(ctx, X, W) -> tuple[ConvProblem, tuple[int, ...]]:
+    """Problem and output shape for these input shapes, kept in ctx.state."""
+    key = (X.shape, W.shape, str(X.dtype), getattr(ctx.ws, "algo_generation", 0))
     cached = ctx.state.get("setup")
     if cached is None or cached[0] != key:
         transposed = ctx.def_.type.startswith("ConvTranspose")
         try:
             specs = [TensorSpec(tuple(X.shape), str(X.dtype)), TensorSpec(tuple(W.shape))]
             problem, out_shape = _conv_problem(ctx.args, specs, transposed)
-            algo = select_algorithm(problem, ctx.args.algo)
+            if ctx.args.algo:   # a fixed algorithm that cannot run this shape fails here
+                select_algorithm(problem, ctx.args.algo)
         except ShapeError as e:
             raise ShapeError(f"op {ctx.def_.label}: {e}") from None
-        cached = ctx.state["setup"] = (key, problem, algo, out_shape)
-        ctx.state["algo"] = algo.name   # what profiles report
-    return cached[1], cached[2], cached[3]
+        # the per-direction choices (filled on first use) live next to the problem
+        cached = ctx.state["setup"] = (key, problem, out_shape, {})
+    return cached[1], cached[2]
+
+
+def _algo(ctx, problem: ConvProblem, direction: str, args: tuple, out):
+    """The algorithm for one direction: chosen once per shape (timed on the op's own
+    buffers in exhaustive mode), then remembered; ctx.state['algo'] names it for profiles."""
+    chosen = ctx.state["setup"][3]
+    algo = chosen.get(direction)
+    if algo is None:
+        from netrun.algos.search import choose, run_for
+
+        run = run_for(direction, problem, args, out, ctx.scratch, ctx.xp)
+        algo = chosen[direction] = choose(ctx.ws, problem, direction, ctx.backend, ctx.args.algo,
+                                          run)
+        names = list(dict.fromkeys(a.name for a in chosen.values()))
+        ctx.state["algo"] = names[0] if len(names) == 1 else "/".join(
+            f"{_SHORT[d]}:{a.name}" for d, a in chosen.items())
+    return algo
+
+
+_SHORT = {"forward": "fwd", "backward_data": "data", "backward_filter": "filter"}
 
 
 def _to_nchw(ctx, key: str, a, nhwc: bool):
@@ -197,52 +220,54 @@ def _to_nchw(ctx, key: str, a, nhwc: bool):
     return buf
 
 
-def _run(ctx, out, nhwc: bool, compute) -> None:
-    """compute(nchw_buffer) straight into `out`, or via scratch and a transpose for NHWC."""
-    if not nhwc:
-        compute(out)
-        return
-    buf = ctx.scratch("conv.nchw_out", _nchw(out.shape, True), out.dtype)
-    compute(buf)
-    out[...] = buf.transpose(0, 2, 3, 1)
+def _run(ctx, out, nhwc: bool, direction: str, problem: ConvProblem, args: tuple,
+         **extra) -> None:
+    """One direction of the chosen algorithm straight into `out`, or via scratch and a
+    transpose for NHWC."""
+    buf = out if not nhwc else ctx.scratch(f"conv.nchw_out_{direction}", _nchw(out.shape, True),
+                                           out.dtype)
+    algo = _algo(ctx, problem, direction, args, buf)
+    getattr(algo, direction)(ctx.xp, *args, problem, buf, ctx.scratch, **extra)
+    if nhwc:
+        out[...] = buf.transpose(0, 2, 3, 1)
 
 
 def _forward(ctx, X, W, b) -> None:
-    problem, algo, out_shape = _setup(ctx, X, W)
-    xp, nhwc = ctx.xp, ctx.args.order == "NHWC"
+    problem, out_shape = _setup(ctx, X, W)
+    nhwc = ctx.args.order == "NHWC"
     Y = ctx.output(0, out_shape, X.dtype)
     x, w = _to_nchw(ctx, "x", X, nhwc), _to_nchw(ctx, "w", W, nhwc)
-    if ctx.def_.type == "Conv":
-        _run(ctx, Y, nhwc, lambda y: algo.forward(xp, x, w, problem, y, ctx.scratch))
-    else:   # ConvTranspose is the data gradient of the equivalent conv
-        _run(ctx, Y, nhwc, lambda y: algo.backward_data(xp, x, w, problem, y, ctx.scratch))
+    if ctx.def_.type == "Conv":   # the algorithm adds the bias (fused into its GEMM if it can)
+        _run(ctx, Y, nhwc, "forward", problem, (x, w), bias=b)
+        return
+    # ConvTranspose is the data gradient of the equivalent conv
+    _run(ctx, Y, nhwc, "backward_data", problem, (x, w))
     if b is not None:
         Y += b.reshape((1, 1, 1, -1) if nhwc else (1, -1, 1, 1))
 
 
 def _backward(ctx, X, W, dY) -> None:
-    problem, algo, y_shape = _setup(ctx, X, W)
+    problem, y_shape = _setup(ctx, X, W)
     if tuple(dY.shape) != y_shape:
         raise ShapeError(f"op {ctx.def_.label}: dY has shape {'×'.join(map(str, dY.shape))} but "
                          f"the forward output is {'×'.join(map(str, y_shape))}")
-    xp, nhwc, s = ctx.xp, ctx.args.order == "NHWC", ctx.scratch
+    xp, nhwc = ctx.xp, ctx.args.order == "NHWC"
     x, w, dy = (_to_nchw(ctx, k, a, nhwc) for k, a in (("x", X), ("w", W), ("dy", dY)))
     dW = ctx.output(0, W.shape, W.dtype)
-    if ctx.def_.type == "ConvGradient":
-        _run(ctx, dW, nhwc, lambda dw: algo.backward_filter(xp, x, dy, problem, dw, s))
+    db = None if ctx.args.no_bias else ctx.output(1, (dY.shape[3 if nhwc else 1],), dY.dtype)
+    if ctx.def_.type == "ConvGradient":   # db = Σ dY comes with the filter gradient
+        _run(ctx, dW, nhwc, "backward_filter", problem, (x, dy), dbias=db)
     else:   # ConvTranspose: the equivalent conv's input is dY and its output gradient is X
-        _run(ctx, dW, nhwc, lambda dw: algo.backward_filter(xp, dy, x, problem, dw, s))
-    index = 1
-    if not ctx.args.no_bias:
-        db = ctx.output(1, (dY.shape[3 if nhwc else 1],), dY.dtype)
-        xp.sum(dY, axis=(0, 1, 2) if nhwc else (0, 2, 3), out=db)
-        index = 2
+        _run(ctx, dW, nhwc, "backward_filter", problem, (dy, x))
+        if db is not None:
+            xp.sum(dY, axis=(0, 1, 2) if nhwc else (0, 2, 3), out=db)
+    index = 1 if db is None else 2
     if len(ctx.def_.outputs) > index:
         dX = ctx.output(index, X.shape, X.dtype)
         if ctx.def_.type == "ConvGradient":
-            _run(ctx, dX, nhwc, lambda dx: algo.backward_data(xp, dy, w, problem, dx, s))
+            _run(ctx, dX, nhwc, "backward_data", problem, (dy, w))
         else:
-            _run(ctx, dX, nhwc, lambda dx: algo.forward(xp, dy, w, problem, dx, s))
+            _run(ctx, dX, nhwc, "forward", problem, (dy, w))
 
 
 def _maker(g) -> list:

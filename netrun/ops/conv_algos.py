@@ -10,8 +10,10 @@ Caffe2's filter layout K × C/G × kh × kw:
 ConvTranspose runs on the same units: its forward is the backward-data pass of the conv
 whose input has ConvTranspose's output shape, and vice versa. Algorithms write into `out`
 and draw temporaries from `scratch(key, shape, dtype)` (the workspace's shared scratch), so
-nothing is allocated per iteration. The algorithm cache (next step) keys on ConvProblem plus
-the direction, backend and device; `heuristic_choice` is the rule used without timing.
+nothing is allocated per iteration. This module holds the interface, the registry, the rule
+used without timing (`heuristic_choice`) and the universal fallback im2col + GEMM; the other
+algorithms live in netrun.algos (one module each), and so do the timing search and the
+persistent algorithm cache keyed on ConvProblem, direction, backend and device.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from netrun.algos.parallel import chunk_scratch, chunks
 from netrun.errors import ShapeError
 from netrun.ops.geometry import ConvGeometry, pad_into, window_slices
 
@@ -27,7 +30,7 @@ Scratch = Callable[..., Any]   # scratch(key, shape, dtype) -> array
 
 # The im2col column buffer is filled this many bytes at a time (a block of images), which
 # keeps it in a moderate, reusable allocation however large the batch.
-COL_BUFFER_BYTES = 32 << 20
+COL_BUFFER_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class ConvAlgorithm:
 
     name = ""
     deterministic = True   # same bits on every run (no atomics / reordering by timing)
+    summary = ""           # one line for `netrun algos` and profiles
 
     def applicable(self, p: ConvProblem) -> bool:
         """Whether this algorithm handles the problem."""
@@ -113,17 +117,32 @@ class ConvAlgorithm:
         """Scratch bytes needed by the most demanding of the three directions."""
         return 0
 
-    def forward(self, xp, x, w, p: ConvProblem, out, scratch: Scratch) -> None:
-        """out (N, K, oH, oW) = conv(x, w)."""
+    def forward(self, xp, x, w, p: ConvProblem, out, scratch: Scratch, bias=None) -> None:
+        """out (N, K, oH, oW) = conv(x, w) (+ bias (K,) when given, fused where possible)."""
         raise NotImplementedError
 
     def backward_data(self, xp, dy, w, p: ConvProblem, out, scratch: Scratch) -> None:
         """out (N, C, H, W) = gradient of the loss with respect to x."""
         raise NotImplementedError
 
-    def backward_filter(self, xp, x, dy, p: ConvProblem, out, scratch: Scratch) -> None:
-        """out (K, C/G, kh, kw) = gradient of the loss with respect to w."""
+    def backward_filter(self, xp, x, dy, p: ConvProblem, out, scratch: Scratch,
+                        dbias=None) -> None:
+        """out (K, C/G, kh, kw) = gradient with respect to w (and dbias (K,) = Σ dy if given)."""
         raise NotImplementedError
+
+
+def add_bias(xp, out, bias) -> None:
+    """out (N, K, ...) += bias (K,): for algorithms that cannot fold the bias into a GEMM."""
+    if bias is not None:
+        xp.add(out, bias.reshape((1, -1) + (1,) * (out.ndim - 2)), out=out)
+
+
+def sum_bias(xp, dy, dbias) -> None:
+    """dbias (K,) = Σ dy over every axis but the channel axis 1."""
+    if dbias is not None:
+        n, k = dy.shape[:2]
+        # (N, K, oH*oW) summed over the pixels, then over the batch: two cheap reductions.
+        xp.sum(xp.sum(dy.reshape(n, k, -1), axis=2), axis=0, out=dbias)
 
 
 ALGORITHMS: dict[str, ConvAlgorithm] = {}
@@ -140,11 +159,31 @@ def applicable_algorithms(p: ConvProblem) -> list[ConvAlgorithm]:
     return [a for a in ALGORITHMS.values() if a.applicable(p)]
 
 
-def heuristic_choice(p: ConvProblem) -> ConvAlgorithm:
-    """The rule-based pick without timing: plain GEMM for 1×1 kernels, else im2col + GEMM."""
-    if ALGORITHMS["gemm_1x1"].applicable(p):
-        return ALGORITHMS["gemm_1x1"]
-    return ALGORITHMS["im2col_gemm"]
+# The rule-based preference without timing, best first (measured on 2-core AVX-512 machines
+# with OpenBLAS; see benchmarks/bench_cpu.py): a depthwise conv runs directly, a 1×1 kernel is a
+# plain GEMM, a stride-1 (in height) conv is row-shifted GEMMs on a kw-expanded copy (kw× less
+# copying than im2col) unless their contraction C/G·kw is too thin for an efficient GEMM (first
+# layers: C = 1 or 3), everything else im2col + GEMM. Winograd and FFT win only for some shapes;
+# exhaustive search finds those.
+SHIFT_MIN_CONTRACTION = 32
+
+
+def preference(p: ConvProblem) -> tuple[str, ...]:
+    """Algorithm names in the heuristic's order of preference for p."""
+    if p.cg * p.kw >= SHIFT_MIN_CONTRACTION:
+        return ("depthwise", "gemm_1x1", "shift_gemm", "im2col_gemm")
+    return ("depthwise", "gemm_1x1", "im2col_gemm", "shift_gemm")
+
+
+def heuristic_choice(p: ConvProblem, direction: str = "forward",
+                     candidates: list[ConvAlgorithm] | None = None) -> ConvAlgorithm:
+    """The rule-based pick without timing, among `candidates` (default: all applicable)."""
+    pool = applicable_algorithms(p) if candidates is None else candidates
+    names = {a.name: a for a in pool}
+    for name in preference(p):
+        if name in names:
+            return names[name]
+    return pool[0]
 
 
 def select_algorithm(p: ConvProblem, fixed: str = "") -> ConvAlgorithm:
@@ -165,6 +204,7 @@ class Im2colGemm(ConvAlgorithm):
     """Unfold windows into a column buffer, then one GEMM per group (Caffe's default)."""
 
     name = "im2col_gemm"
+    summary = "unfold windows into columns, one GEMM per group; runs every problem"
 
     def block(self, p: ConvProblem) -> int:
         """Images per column-buffer fill."""
@@ -178,47 +218,70 @@ class Im2colGemm(ConvAlgorithm):
         dy_t = b * p.k * p.oh * p.ow + p.k * p.cg * p.kh * p.kw   # backward_filter only
         return (col + pad + dy_t) * p.itemsize
 
-    def forward(self, xp, x, w, p, out, scratch):
+    def forward(self, xp, x, w, p, out, scratch, bias=None):
         ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
         wg = w.reshape(p.group, p.kg, ckk)                  # (G, K/G, C/G*kh*kw)
         y = out.reshape(p.n, p.group, p.kg, hw)             # (N, G, K/G, oH*oW)
-        for n0, n1 in _blocks(p.n, self.block(p)):
-            col = _im2col(xp, x[n0:n1], p, scratch, batch_inner=False)
-            # (b, G, K/G, oH*oW) = (G, K/G, C/G*kh*kw) @ (b, G, C/G*kh*kw, oH*oW)
-            xp.matmul(wg, col.reshape(n1 - n0, p.group, ckk, hw), out=y[n0:n1])
+
+        def work(index, c0, c1):
+            s = chunk_scratch(scratch, index)
+            for n0, n1 in _blocks(c0, c1, self.block(p)):
+                col = _im2col(xp, x[n0:n1], p, s, batch_inner=False)
+                # (b, G, K/G, oH*oW) = (G, K/G, C/G*kh*kw) @ (b, G, C/G*kh*kw, oH*oW)
+                xp.matmul(wg, col.reshape(n1 - n0, p.group, ckk, hw), out=y[n0:n1])
+            add_bias(xp, out[c0:c1], bias)
+
+        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw)
 
     def backward_data(self, xp, dy, w, p, out, scratch):
         ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
         wt = w.reshape(p.group, p.kg, ckk).transpose(0, 2, 1)    # (G, C/G*kh*kw, K/G)
         dyv = dy.reshape(p.n, p.group, p.kg, hw)                 # (N, G, K/G, oH*oW)
-        for n0, n1 in _blocks(p.n, self.block(p)):
-            b = n1 - n0
-            col = scratch("conv.col", (b, p.group, ckk, hw), dy.dtype)
-            xp.matmul(wt, dyv[n0:n1], out=col)
-            _col2im(xp, col.reshape(b, p.c, p.kh, p.kw, p.oh, p.ow), p, out[n0:n1], scratch)
 
-    def backward_filter(self, xp, x, dy, p, out, scratch):
+        def work(index, c0, c1):
+            s = chunk_scratch(scratch, index)
+            for n0, n1 in _blocks(c0, c1, self.block(p)):
+                b = n1 - n0
+                col = s("conv.col", (b, p.group, ckk, hw), dy.dtype)
+                xp.matmul(wt, dyv[n0:n1], out=col)
+                _col2im(xp, col.reshape(b, p.c, p.kh, p.kw, p.oh, p.ow), p, out[n0:n1], s)
+
+        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw)
+
+    def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
         ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
-        dw = out.reshape(p.group, p.kg, ckk)                     # (G, K/G, C/G*kh*kw)
-        for n0, n1 in _blocks(p.n, self.block(p)):
-            b = n1 - n0
-            # Batch inside the columns so the whole block is one GEMM per group:
-            # dW_g = dY_g (K/G, b*oH*oW) @ col_g^T (b*oH*oW, C/G*kh*kw).
-            col = _im2col(xp, x[n0:n1], p, scratch, batch_inner=True)   # (C, kh, kw, b, oH, oW)
-            dyt = scratch("conv.dy_t", (p.k, b, hw), dy.dtype)
-            dyt[...] = dy[n0:n1].reshape(b, p.k, hw).transpose(1, 0, 2)   # (K, b, oH*oW)
-            lhs = dyt.reshape(p.group, p.kg, b * hw)
-            rhs = col.reshape(p.group, ckk, b * hw).transpose(0, 2, 1)
-            if n0 == 0:
-                xp.matmul(lhs, rhs, out=dw)
-            else:
-                part = scratch("conv.dw_part", dw.shape, dy.dtype)
-                xp.matmul(lhs, rhs, out=part)
-                dw += part
+        parts = []
+
+        def work(index, c0, c1):
+            s = chunk_scratch(scratch, index)
+            dw = out.reshape(p.group, p.kg, ckk) if index == 0 else \
+                s("conv.dw_chunk", (p.group, p.kg, ckk), dy.dtype)   # (G, K/G, C/G*kh*kw)
+            for n0, n1 in _blocks(c0, c1, self.block(p)):
+                b = n1 - n0
+                # Batch inside the columns so the whole block is one GEMM per group:
+                # dW_g = dY_g (K/G, b*oH*oW) @ col_g^T (b*oH*oW, C/G*kh*kw).
+                col = _im2col(xp, x[n0:n1], p, s, batch_inner=True)  # (C, kh, kw, b, oH, oW)
+                dyt = s("conv.dy_t", (p.k, b, hw), dy.dtype)
+                dyt[...] = dy[n0:n1].reshape(b, p.k, hw).transpose(1, 0, 2)   # (K, b, oH*oW)
+                lhs = dyt.reshape(p.group, p.kg, b * hw)
+                rhs = col.reshape(p.group, ckk, b * hw).transpose(0, 2, 1)
+                if n0 == c0:
+                    xp.matmul(lhs, rhs, out=dw)
+                else:
+                    part = s("conv.dw_part", dw.shape, dy.dtype)
+                    xp.matmul(lhs, rhs, out=part)
+                    dw += part
+            parts.append((index, dw))
+
+        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw)
+        total = out.reshape(p.group, p.kg, ckk)
+        for _, dw in sorted(parts, key=lambda r: r[0])[1:]:   # partial sums in chunk order
+            total += dw
+        sum_bias(xp, dy, dbias)
 
 
-def _blocks(n: int, size: int):
-    return ((n0, min(n0 + size, n)) for n0 in range(0, n, size))
+def _blocks(start: int, stop: int, size: int):
+    return ((n0, min(n0 + size, stop)) for n0 in range(start, stop, size))
 
 
 def _im2col(xp, x, p: ConvProblem, scratch: Scratch, batch_inner: bool):
@@ -259,59 +322,5 @@ def _col2im(xp, col, p: ConvProblem, out, scratch: Scratch) -> None:
         out[...] = acc[:, :, p.pt:p.pt + p.h, p.pl:p.pl + p.w]
 
 
-# 1×1 as plain GEMM ------------------------------------------------------------------------
-@register_algorithm
-class Gemm1x1(ConvAlgorithm):
-    """A 1×1 kernel without padding is a GEMM over channels; stride > 1 just subsamples."""
-
-    name = "gemm_1x1"
-
-    def applicable(self, p: ConvProblem) -> bool:
-        return p.kh == 1 and p.kw == 1 and not p.padded
-
-    def workspace_bytes(self, p: ConvProblem) -> int:
-        hw = p.oh * p.ow
-        return (p.n * p.c * hw + p.n * p.k * hw) * p.itemsize
-
-    def forward(self, xp, x, w, p, out, scratch):
-        xs = _subsample(x, p, scratch)
-        # (N, G, K/G, oH*oW) = (G, K/G, C/G) @ (N, G, C/G, oH*oW)
-        xp.matmul(w.reshape(p.group, p.kg, p.cg), xs.reshape(p.n, p.group, p.cg, -1),
-                  out=out.reshape(p.n, p.group, p.kg, p.oh * p.ow))
-
-    def backward_data(self, xp, dy, w, p, out, scratch):
-        wt = w.reshape(p.group, p.kg, p.cg).transpose(0, 2, 1)          # (G, C/G, K/G)
-        dyv = dy.reshape(p.n, p.group, p.kg, p.oh * p.ow)
-        if p.sh == 1 and p.sw == 1:
-            xp.matmul(wt, dyv, out=out.reshape(p.n, p.group, p.cg, p.h * p.w))
-            return
-        dxs = scratch("conv.col", (p.n, p.group, p.cg, p.oh * p.ow), dy.dtype)
-        xp.matmul(wt, dyv, out=dxs)
-        out.fill(0)   # pixels that no stride step reads get no gradient
-        rows, cols = window_slices(p.geometry, 0, 0, p.oh, p.ow)
-        out[:, :, rows, cols] = dxs.reshape(p.n, p.c, p.oh, p.ow)
-
-    def backward_filter(self, xp, x, dy, p, out, scratch):
-        hw = p.oh * p.ow
-        # Batch inside the columns: dW_g (K/G, C/G) = dY_g (K/G, N*oH*oW) @ X_g^T.
-        xt = _subsample(x, p, scratch, batch_inner=True)               # (C, N, oH, oW)
-        dyt = scratch("conv.dy_t", (p.k, p.n, hw), dy.dtype)
-        dyt[...] = dy.reshape(p.n, p.k, hw).transpose(1, 0, 2)         # (K, N, oH*oW)
-        xp.matmul(dyt.reshape(p.group, p.kg, p.n * hw),
-                  xt.reshape(p.group, p.cg, p.n * hw).transpose(0, 2, 1),
-                  out=out.reshape(p.group, p.kg, p.cg))
-
-
-def _subsample(x, p: ConvProblem, scratch: Scratch, batch_inner: bool = False):
-    """x at the strided output positions: (N, C, oH, oW), or (C, N, oH, oW); no copy if possible."""
-    rows, cols = window_slices(p.geometry, 0, 0, p.oh, p.ow)
-    picked = x[:, :, rows, cols]
-    if batch_inner:
-        buf = scratch("conv.col", (p.c, p.n, p.oh, p.ow), x.dtype)
-        buf[...] = picked.transpose(1, 0, 2, 3)
-        return buf
-    if p.sh == 1 and p.sw == 1:
-        return x
-    buf = scratch("conv.col", (p.n, p.c, p.oh, p.ow), x.dtype)
-    buf[...] = picked
-    return buf
+# The other algorithms live in netrun.algos, one module each, and register themselves here.
+from netrun.algos import depthwise, fft, gemm1x1, shift, winograd  # noqa: E402,F401

@@ -14,6 +14,28 @@ from netrun.errors import SchemaError
 from netrun.ops.optim import SCRATCH, host_int, outputs_like, scalar, update_cost, update_shapes
 
 
+def _require(op, args: Args, name: str, ok, rule: str) -> None:
+    """SchemaError naming the op and the argument unless ok(value) holds."""
+    if not ok(args[name]):
+        raise SchemaError(f"op {op.label}: argument '{name}' is {args[name]}; it must be {rule}")
+
+
+def _check_momentum_sgd(op, args: Args) -> None:
+    _require(op, args, "momentum", lambda v: v >= 0, ">= 0")
+
+
+def _check_adam(op, args: Args) -> None:
+    # beta -> 1 makes the bias correction 1/(1 - beta^t) infinite; epsilon 0 gives 0/0.
+    for name in ("beta1", "beta2"):
+        _require(op, args, name, lambda v: 0 <= v < 1, "in [0, 1)")
+    _require(op, args, "epsilon", lambda v: v > 0, "> 0")
+
+
+def _check_adagrad(op, args: Args) -> None:
+    _require(op, args, "epsilon", lambda v: v > 0, "> 0 (a zero history would divide 0 by 0)")
+    _require(op, args, "decay", lambda v: 0 <= v <= 1, "in [0, 1]")
+
+
 # MomentumSGDUpdate ----------------------------------------------------------------------
 register_schema(
     "MomentumSGDUpdate", inputs=4, outputs=3, input_names=("grad", "momentum", "lr", "param"),
@@ -21,8 +43,8 @@ register_schema(
     enforce_inplace=((1, 1), (3, 2)),
     args=[Arg("momentum", "float", 0.9), Arg("nesterov", "int", 0, allowed=(0, 1))],
     shape_fn=update_shapes(("MomentumSGDUpdate", "grad", "momentum", "lr", "param"),
-                            tensors=(0, 1, 3), scalars=(2,), outputs=(0, 1, 3)),
-    cost_fn=update_cost(5), no_gradient=True, family="optimizers",
+                           tensors=(0, 1, 3), scalars=(2,), outputs=(0, 1, 3)),
+    cost_fn=update_cost(5), check_fn=_check_momentum_sgd, no_gradient=True, family="optimizers",
     doc="Caffe2's momentum SGD with lr folded into the velocity (lr < 0): m = mu*m + lr*g; "
         "param += m (Nesterov: param += (1+mu)*m_new - mu*m_old). Output grad = the step.")
 
@@ -68,8 +90,8 @@ register_schema(
     args=[Arg("beta1", "float", 0.9), Arg("beta2", "float", 0.999),
           Arg("epsilon", "float", 1e-8)],
     shape_fn=update_shapes(("Adam", "param", "moment1", "moment2", "grad", "lr", "iter"),
-                            tensors=(0, 1, 2, 3), scalars=(4, 5), outputs=(0, 1, 2)),
-    cost_fn=update_cost(12), no_gradient=True, family="optimizers",
+                           tensors=(0, 1, 2, 3), scalars=(4, 5), outputs=(0, 1, 2)),
+    cost_fn=update_cost(12), check_fn=_check_adam, no_gradient=True, family="optimizers",
     doc="Caffe2's Adam, t = iter + 1: m1 = b1*m1 + (1-b1)*g; m2 = b2*m2 + (1-b2)*g^2; "
         "param += lr * sqrt(1-b2^t)/(1-b1^t) * m1 / (sqrt(m2) + epsilon).")
 
@@ -108,8 +130,8 @@ register_schema(
     output_names=("param", "moment"), enforce_inplace=((0, 0), (1, 1)),
     args=[Arg("epsilon", "float", 1e-5), Arg("decay", "float", 1.0)],
     shape_fn=update_shapes(("Adagrad", "param", "moment", "grad", "lr"),
-                            tensors=(0, 1, 2), scalars=(3,), outputs=(0, 1)),
-    cost_fn=update_cost(7), no_gradient=True, family="optimizers",
+                           tensors=(0, 1, 2), scalars=(3,), outputs=(0, 1)),
+    cost_fn=update_cost(7), check_fn=_check_adagrad, no_gradient=True, family="optimizers",
     doc="Caffe2's Adagrad: h = decay*h + g^2; param += lr * g / (sqrt(h) + epsilon).")
 
 
@@ -140,6 +162,9 @@ def _rmsprop_check(op, args: Args) -> None:
         raise SchemaError(f"op {op.label}: with {len(op.inputs)} inputs it makes "
                           f"{len(op.inputs) - 1} outputs (the param comes back with it), "
                           f"got {len(op.outputs)}")
+    _require(op, args, "decay", lambda v: 0 <= v <= 1, "in [0, 1]")
+    _require(op, args, "momentum", lambda v: v >= 0, ">= 0")
+    _require(op, args, "epsilon", lambda v: v > 0, "> 0 (sqrt(ms + epsilon) divides)")
 
 
 register_schema(
@@ -150,7 +175,7 @@ register_schema(
     args=[Arg("decay", "float", 0.9), Arg("momentum", "float", 0.0),
           Arg("epsilon", "float", 1e-5)],
     shape_fn=update_shapes(("RmsProp", "grad", "mean_squares", "mom", "lr", "param"),
-                            tensors=(0, 1, 2, 4), scalars=(3,), outputs=(0, 1, 2, 4)),
+                           tensors=(0, 1, 2, 4), scalars=(3,), outputs=(0, 1, 2, 4)),
     cost_fn=update_cost(9), check_fn=_rmsprop_check, no_gradient=True, family="optimizers",
     doc="Caffe2's RmsProp: ms = decay*ms + (1-decay)*g^2; mom = momentum*mom + "
         "lr*g/sqrt(ms + epsilon); output grad = mom. With a 5th input param (output 3), "

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from netrun.core.gradient import gradient_ops, has_gradient
-from netrun.core.registry import find_kernel, kernel_backends
+from netrun.core.registry import kernel_backends
 from netrun.core.schema import MANY, OpSchema, all_schemas
 from netrun.errors import NetrunError
 from netrun.proto.defs import OperatorDef
@@ -81,7 +81,8 @@ def _gradient(schema: OpSchema, schemas: dict[str, OpSchema]) -> str:
     if base is not None and not has_gradient(schema.type):
         return f"(gradient of {base})"
     if schema.no_gradient:
-        reason = _NO_GRADIENT_TYPE.get(schema.type) or _NO_GRADIENT_FAMILY.get(schema.family)
+        reason = (_NO_GRADIENT_TYPE.get(schema.type) or _NO_GRADIENT_FAMILY.get(schema.family)
+                  or ("filler" if schema.type.endswith("Fill") else None))
         return f"none: {reason}" if reason else "none"
     if not has_gradient(schema.type):
         return "**missing**"
@@ -120,16 +121,10 @@ def _family_order() -> dict[str, int]:
 
 
 def netrun_schemas() -> dict[str, OpSchema]:
-    """The schemas of netrun's own ops: not those registered by tests or other packages.
+    """The schemas of netrun's own ops (netrun.ops), not those registered by tests."""
+    from netrun.ops import FAMILY_OF
 
-    An op belongs to netrun when its kernel is defined in netrun (an op without any kernel
-    is listed too, so the table shows the gap).
-    """
-    def own(type: str) -> bool:
-        kernel = find_kernel(type, "cpu") or find_kernel(type, "gpu")
-        return kernel is None or kernel.__module__.split(".")[0] == "netrun"
-
-    return {t: s for t, s in all_schemas().items() if own(t)}
+    return {t: s for t, s in all_schemas().items() if t in FAMILY_OF}
 
 
 def op_rows() -> list[OpRow]:

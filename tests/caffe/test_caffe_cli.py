@@ -19,7 +19,8 @@ def run(*args):
 
 
 @pytest.fixture
-def lenet(shared_data):
+def lenet(shared_data, monkeypatch):
+    monkeypatch.setenv("NETRUN_DATA", str(shared_data))
     if not (LENET / "lenet_solver.prototxt").exists():
         pytest.skip(f"Caffe LeNet files not found under {LENET}")
     return LENET

@@ -9,9 +9,8 @@ import netrun
 from netrun.core.operator import Operator
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import SchemaError, ShapeError
-from netrun.ops import conv as conv_module
-from netrun.ops import conv_algos
 from netrun.ops.conv_algos import ALGORITHMS, ConvProblem, applicable_algorithms, heuristic_choice
+from tests.algos.reference import ref_conv
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
 
 FEW = settings(max_examples=15, deadline=None)
@@ -19,40 +18,6 @@ FEW = settings(max_examples=15, deadline=None)
 
 def _torch():
     return pytest.importorskip("torch", reason="PyTorch is the reference for this comparison")
-
-
-# A direct NumPy reference (one loop over kernel taps), independent of the code under test ---
-def ref_conv(x, w, stride, pads, dilation, group):
-    """Y and a function computing (dX, dW) for a given dY, for NCHW x and M×C/G×kh×kw w."""
-    (sh, sw), (pt, pl, pb, pr), (dh, dw) = stride, pads, dilation
-    n, c, h, wd = x.shape
-    m, cg, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    xg = xp.reshape(n, group, cg, *xp.shape[2:])
-    wg = w.reshape(group, m // group, cg, kh, kw)
-
-    def tap(i, j):
-        return (slice(None),) * 3 + (slice(i * dh, i * dh + (oh - 1) * sh + 1, sh),
-                                     slice(j * dw, j * dw + (ow - 1) * sw + 1, sw))
-
-    y = np.zeros((n, group, m // group, oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            y += np.einsum("ngcrs,gkc->ngkrs", xg[tap(i, j)], wg[..., i, j])
-
-    def grads(dy):
-        dyg = dy.reshape(n, group, m // group, oh, ow)
-        dxp, dwg = np.zeros_like(xg), np.zeros_like(wg)
-        for i in range(kh):
-            for j in range(kw):
-                dxp[tap(i, j)] += np.einsum("ngkrs,gkc->ngcrs", dyg, wg[..., i, j])
-                dwg[..., i, j] = np.einsum("ngkrs,ngcrs->gkc", dyg, xg[tap(i, j)])
-        dx = dxp.reshape(xp.shape)[:, :, pt:pt + h, pl:pl + wd]
-        return dx, dwg.reshape(w.shape)
-
-    return y.reshape(n, m, oh, ow), grads
 
 
 def assert_close32(actual, expected, what=""):
@@ -337,83 +302,32 @@ def test_conv_transpose_shape_inference():
     assert y.shape == _infer(op, inputs)[0].shape == (1, 3, 5, 7)
 
 
-# Algorithms -------------------------------------------------------------------------------
-@st.composite
-def problems(draw, one_by_one: bool):
-    """A random ConvProblem (float64); 1×1 without pads when `one_by_one`."""
-    group = draw(st.sampled_from([1, 2, 3]))
-    cg, kg, n = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    if one_by_one:
-        kh = kw = dh = dw = 1
-        pads = [0, 0, 0, 0]
-    else:
-        kh, kw, dh, dw = (draw(st.integers(1, 3)) for _ in range(4))
-        pads = [draw(st.integers(0, 3)) for _ in range(4)]
-    dkh, dkw = dh * (kh - 1) + 1, dw * (kw - 1) + 1
-    h = draw(st.integers(max(1, dkh - pads[0] - pads[2]), dkh + 5))
-    w = draw(st.integers(max(1, dkw - pads[1] - pads[3]), dkw + 5))
-    return ConvProblem(n, cg * group, h, w, kg * group, kh, kw, sh, sw, *pads, dh, dw, group,
-                       "float64"), draw(st.integers(0, 2**16))
-
-
-def _check_algorithm(algo, p: ConvProblem, seed: int) -> None:
-    ws = netrun.Workspace()
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((p.n, p.c, p.h, p.w))
-    w = rng.standard_normal((p.k, p.cg, p.kh, p.kw))
-    dy = rng.standard_normal((p.n, p.k, p.oh, p.ow))
-    y_ref, grads = ref_conv(x, w, (p.sh, p.sw), (p.pt, p.pl, p.pb, p.pr), (p.dh, p.dw), p.group)
-    dx_ref, dw_ref = grads(dy)
-    y, dx, dw = np.full(y_ref.shape, np.nan), np.full(x.shape, np.nan), np.full(w.shape, np.nan)
-    algo.forward(np, x, w, p, y, ws.scratch)
-    algo.backward_data(np, dy, w, p, dx, ws.scratch)
-    algo.backward_filter(np, x, dy, p, dw, ws.scratch)
-    for name, got, ref in (("forward", y, y_ref), ("backward_data", dx, dx_ref),
-                           ("backward_filter", dw, dw_ref)):
-        np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-10,
-                                   err_msg=f"{algo.name} {name} on {p.describe()}")
-
-
-ONE_BY_ONE_ONLY = {"gemm_1x1"}   # algorithms tested on 1×1 unpadded problems; the rest on any
-
-
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
-@settings(max_examples=25, deadline=None)
-@given(data=st.data())
-def test_every_algorithm_matches_the_reference(name, data):
-    algo = ALGORITHMS[name]
-    p, seed = data.draw(problems(one_by_one=name in ONE_BY_ONE_ONLY))
-    assert algo.applicable(p), f"{name} should handle {p.describe()}"
-    assert algo.workspace_bytes(p) >= 0
-    _check_algorithm(algo, p, seed)
-
-
-def test_im2col_blocks_over_the_batch(monkeypatch):
-    """With a tiny column budget every image is its own block; results do not change."""
-    monkeypatch.setattr(conv_algos, "COL_BUFFER_BYTES", 1)
-    algo = ALGORITHMS["im2col_gemm"]
-    p = ConvProblem(3, 4, 6, 5, 4, 3, 2, 2, 1, 1, 0, 2, 1, 1, 2, 2, "float64")
-    assert algo.block(p) == 1
-    _check_algorithm(algo, p, 0)
-
-
+# Algorithm selection by the op (the algorithms themselves: tests/algos) -------------------
 def test_heuristic_and_applicability():
     one = ConvProblem(2, 4, 5, 5, 8, 1, 1, 2, 2)
     three = ConvProblem(2, 4, 5, 5, 8, 3, 3, pt=1, pl=1, pb=1, pr=1)
-    padded_one = ConvProblem(2, 4, 5, 5, 8, 1, 1, pt=1)
+    wide = ConvProblem(2, 16, 5, 5, 8, 3, 3, pt=1, pl=1, pb=1, pr=1)   # C·kw = 48 >= 32
+    strided = ConvProblem(2, 4, 5, 5, 8, 3, 3, 2, 2)
+    depthwise = ConvProblem(2, 4, 5, 5, 8, 3, 3, group=4)
     assert heuristic_choice(one).name == "gemm_1x1"
-    assert heuristic_choice(three).name == heuristic_choice(padded_one).name == "im2col_gemm"
-    assert [a.name for a in applicable_algorithms(three)] == ["im2col_gemm"]
+    assert heuristic_choice(three).name == "im2col_gemm"    # C·kw = 12: too thin for shift
+    assert heuristic_choice(wide).name == "shift_gemm"
+    assert heuristic_choice(strided).name == "im2col_gemm"
+    assert heuristic_choice(depthwise).name == "depthwise"
+    assert [a.name for a in applicable_algorithms(strided)] == ["im2col_gemm"]
     assert {a.name for a in applicable_algorithms(one)} == {"im2col_gemm", "gemm_1x1"}
+    assert {a.name for a in applicable_algorithms(three)} == {
+        "im2col_gemm", "shift_gemm", "fft", "winograd_f2x2", "winograd_f4x4"}
     assert all(a.deterministic for a in ALGORITHMS.values())
 
 
 def test_op_remembers_its_algorithm_per_shape(monkeypatch):
+    from netrun.algos import search
+
     calls = []
-    real = conv_module.select_algorithm
-    monkeypatch.setattr(conv_module, "select_algorithm", lambda p, fixed="": calls.append(p)
-                        or real(p, fixed))
+    real = search.choose
+    monkeypatch.setattr(search, "choose", lambda ws, p, d, *a: calls.append((p, d))
+                        or real(ws, p, d, *a))
     ws = netrun.Workspace()
     rng = np.random.default_rng(0)
     ws.feed_blob("X", rng.standard_normal((2, 4, 5, 5)).astype(np.float32))

@@ -189,6 +189,25 @@ def test_max_pool_ties_go_to_the_first_tap():
     np.testing.assert_array_equal(grads["X"][0, 0], [[1, 1, 0], [1, 1, 0], [0, 0, 0]])
 
 
+@pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2), (2, 3), (3, 3)])
+def test_max_pool_gradient_with_some_tied_windows(kernel, stride):
+    """A few tied windows (ReLU zeros) among distinct values: disjoint and overlapping
+    windows, and uncovered pixels, against a loop that routes to the first maximum."""
+    x = _untied((2, 3, 8, 7), 5)
+    x[0, 0, :4, :4] = 0.0
+    x[1, 2, 2:5, 1:6] = -3.0
+    op = netrun.op("MaxPool", ["X"], ["Y"], kernel=kernel, stride=stride)
+    dy_shape = (2, 3, (8 - kernel) // stride + 1, (7 - kernel) // stride + 1)
+    dy = np.random.default_rng(2).standard_normal(dy_shape)
+    _, grads = netrun_forward_backward(op, {"X": x}, dy)
+    ref = np.zeros_like(x)
+    for n, c, r, q in np.ndindex(*dy_shape):
+        window = x[n, c, r * stride:r * stride + kernel, q * stride:q * stride + kernel]
+        i, j = np.unravel_index(np.argmax(window), window.shape)   # first maximum, row-major
+        ref[n, c, r * stride + i, q * stride + j] += dy[n, c, r, q]
+    np.testing.assert_allclose(grads["X"], ref, rtol=1e-12, atol=1e-12)
+
+
 def test_max_pool_padding_never_wins():
     x = -1.0 - np.random.default_rng(1).random((1, 2, 3, 3))
     op = netrun.op("MaxPool", ["X"], ["Y"], kernel=3, stride=1, pad=2 - 1)
@@ -284,3 +303,26 @@ def test_too_small_input_is_a_shape_error():
     with pytest.raises(ShapeError, match=r"op 'p' \(MaxPool\): X 1×1×2×2 is 2×2 .*smaller than"):
         run_op(netrun.op("MaxPool", ["X"], ["Y"], kernel=3, name="p"),
                {"X": np.ones((1, 1, 2, 2))})
+
+
+@pytest.mark.parametrize("kind,args", [("max", dict(kernel=3, stride=2, legacy_pad=3)),
+                                       ("max", dict(kernel=2, stride=2)),
+                                       ("avg", dict(kernel=3, stride=2, pad=1)),
+                                       ("avg", dict(kernel=3, stride=1, pad=1))])
+def test_pooling_split_across_threads_gives_the_same_bits(kind, args, monkeypatch):
+    """Blocks of images on worker threads (an uneven split, tiny blocks) change nothing."""
+    from netrun.algos import parallel
+    from netrun.ops import pool as pool_module
+
+    x = _untied((5, 3, 9, 8), 2)
+    x[1, 1, :3, :3] = 0.0    # a few tied windows: the exact path runs for some blocks
+    op = netrun.op(TYPES[kind], ["X"], ["Y"], **args)
+    y_shape = run_op(op, {"X": x})[0].shape
+    dy = np.random.default_rng(4).standard_normal(y_shape)
+    plain = netrun_forward_backward(op, {"X": x}, dy)
+    monkeypatch.setattr(parallel, "thread_count", lambda: 3)
+    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(pool_module, "BLOCK_BYTES", 1)     # one image per block
+    split = netrun_forward_backward(op, {"X": x}, dy)
+    np.testing.assert_array_equal(split[0][0], plain[0][0])
+    np.testing.assert_array_equal(split[1]["X"], plain[1]["X"])

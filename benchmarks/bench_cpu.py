@@ -1,0 +1,225 @@
+"""netrun against PyTorch on the CPU, side by side in one run: nets and single convolutions.
+
+    python benchmarks/bench_cpu.py [--quick] [--json] [--algo-mode heuristic|exhaustive]
+                                   [--only lenet,cifar,convs] [--threads 2]
+
+Every measurement alternates netrun and PyTorch in blocks of repetitions (so both see the same
+machine state; each block starts with an untimed run so that the other library's spinning
+worker threads are not charged to it) and reports medians. Nets: LeNet (batch 64) and Caffe's
+cifar10_quick (batch 100), one training iteration (forward, backward, SGD momentum update)
+and one inference. Convolutions: the issue-5 shapes, each pass (forward, backward-data,
+backward-filter) separately, with the algorithm netrun chose. Ratios are netrun / PyTorch
+(below 1: netrun is faster). PyTorch runs with 2 threads (`--threads`); NumPy's BLAS as is.
+PyTorch is a test-only dependency: without it the script says so and stops.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CONV_SHAPES = {   # name: (N, C, H, W, K, kernel, stride, pad, dilation, group)
+    "a 3x3 p1": (32, 64, 56, 56, 64, 3, 1, 1, 1, 1),
+    "b 1x1": (32, 64, 56, 56, 256, 1, 1, 0, 1, 1),
+    "c 3x3 s2": (32, 128, 28, 28, 128, 3, 2, 1, 1, 1),
+    "d 5x5 C1": (64, 1, 28, 28, 20, 5, 1, 0, 1, 1),
+    "e depthwise": (32, 32, 56, 56, 32, 3, 1, 1, 1, 32),
+    "f 3x3 d2": (16, 256, 14, 14, 256, 3, 1, 2, 2, 1),
+}
+NETS = {"lenet": ("zoo/lenet.yaml", 64), "cifar10_quick": ("zoo/cifar10_quick.yaml", 100)}
+
+
+def alternate(fns: dict, reps: int, block: int = 4) -> dict[str, float]:
+    """Median milliseconds of each callable, measured in interleaved blocks of repetitions.
+
+    Each block starts with one untimed run: the previous library's worker threads (OpenBLAS
+    and OpenMP spin for a while after each call) would otherwise be charged to this one.
+    """
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    while min(len(v) for v in times.values()) < reps:
+        for k, f in fns.items():
+            f()
+            for _ in range(min(block, reps - len(times[k])) or 1):
+                t0 = time.perf_counter()
+                f()
+                times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# Nets ---------------------------------------------------------------------------------------
+def torch_net(torch, name: str):
+    """The same architecture in PyTorch (Caffe's ceil-mode pooling for cifar10_quick)."""
+    nn = torch.nn
+    if name == "lenet":
+        return nn.Sequential(nn.Conv2d(1, 20, 5), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5),
+                             nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(),
+                             nn.Linear(500, 10)), (1, 28, 28)
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 5, padding=2), nn.MaxPool2d(3, 2, ceil_mode=True), nn.ReLU(),
+        nn.Conv2d(32, 32, 5, padding=2), nn.ReLU(), nn.AvgPool2d(3, 2, ceil_mode=True),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.AvgPool2d(3, 2, ceil_mode=True),
+        nn.Flatten(), nn.Linear(1024, 64), nn.Linear(64, 10)), (3, 32, 32)
+
+
+def bench_net(torch, name: str, reps: int, mode: str) -> list[dict]:
+    from netrun import algos
+    from netrun.profile_setup import prepare
+
+    path, batch = NETS[name]
+    rows = []
+    for phase in ("train", "inference"):
+        target = prepare(str(REPO / path), batch, "cpu", forward_only=(phase == "inference"))
+        algos.configure(target.net.ws, mode=mode)
+        model, shape = torch_net(torch, name)
+        x = torch.randn(batch, *shape)
+        y = torch.randint(0, 10, (batch,))
+        if phase == "train":
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+            loss_fn = torch.nn.CrossEntropyLoss()
+
+            def torch_step():
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+        else:
+            model.eval()
+
+            def torch_step():
+                with torch.no_grad():
+                    model(x)
+        # The first run allocates every buffer and picks the algorithms (a timing search in
+        # exhaustive mode with a cold cache; a lookup with a warm one).
+        first = _time_once(target.net.run)
+        times = alternate({"netrun": target.net.run, "torch": torch_step}, reps, block=10)
+        algos_used = {o.def_.name: o.ctx.state.get("algo") for o in target.net.ops
+                      if o.ctx.state.get("algo")}
+        rows.append({"what": f"{name} {phase}", "batch": batch, **times,
+                     "ratio": times["netrun"] / times["torch"], "first_run_ms": first,
+                     "first_over_steady": first / times["netrun"],
+                     "algos": algos_used})
+    return rows
+
+
+def _time_once(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+# Single convolutions --------------------------------------------------------------------------
+def bench_convs(torch, reps: int, mode: str) -> list[dict]:
+    import netrun
+    from netrun import algos
+    from netrun.algos.search import choose, run_for
+    from netrun.ops.conv_algos import ConvProblem
+
+    rows = []
+    aten = torch.ops.aten
+    for name, (n, c, h, w, k, ker, s, pad, d, g) in CONV_SHAPES.items():
+        p = ConvProblem(n, c, h, w, k, ker, ker, s, s, pad, pad, pad, pad, d, d, g)
+        ws = netrun.Workspace()
+        algos.configure(ws, mode=mode, persist=True)
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((n, c, h, w), dtype=np.float32)
+        wt = rng.standard_normal((k, c // g, ker, ker), dtype=np.float32)
+        dy = rng.standard_normal((n, k, p.oh, p.ow), dtype=np.float32)
+        bias = rng.standard_normal(k, dtype=np.float32)
+        y, dx, dw, db = (np.empty(a, np.float32) for a in (dy.shape, x.shape, wt.shape, (k,)))
+        tx, tw, tdy, tb = (torch.from_numpy(a) for a in (x, wt, dy, bias))
+        flops = 2 * n * k * (c // g) * ker * ker * p.oh * p.ow
+        passes = {
+            "fwd": (("forward", (x, wt), y), lambda: torch.nn.functional.conv2d(
+                tx, tw, tb, s, pad, d, g)),
+            "bwd-data": (("backward_data", (dy, wt), dx), lambda: aten.convolution_backward(
+                tdy, tx, tw, None, [s, s], [pad, pad], [d, d], False, [0, 0], g,
+                [True, False, False])),
+            "bwd-filter": (("backward_filter", (x, dy), dw), lambda: aten.convolution_backward(
+                tdy, tx, tw, [k], [s, s], [pad, pad], [d, d], False, [0, 0], g,
+                [False, True, True])),
+        }
+        for pass_name, ((direction, args, out), torch_fn) in passes.items():
+            run = run_for(direction, p, args, out, ws.scratch, np)
+            algo = choose(ws, p, direction, ws.backend, "", run)
+            extra = {"forward": {"bias": bias}, "backward_filter": {"dbias": db}}.get(direction, {})
+            method = getattr(algo, direction)
+
+            def ours(method=method, args=args, out=out, extra=extra):
+                method(np, *args, p, out, ws.scratch, **extra)
+
+            times = alternate({"netrun": ours, "torch": torch_fn}, reps, block=2)
+            rows.append({"what": f"conv {name} {pass_name}", "algo": algo.name, **times,
+                         "ratio": times["netrun"] / times["torch"],
+                         "gflops": flops / (times["netrun"] * 1e6),
+                         "torch_gflops": flops / (times["torch"] * 1e6)})
+    return rows
+
+
+def gemm_peak(reps: int) -> float:
+    """NumPy SGEMM GFLOP/s on 1024² matrices, best of `reps` (the 'percent of peak' basis)."""
+    a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
+    out = np.empty_like(a)
+    np.matmul(a, a, out=out)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.matmul(a, a, out=out)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 1024 ** 3 / (best * 1e9)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--algo-mode", default="heuristic",
+                        choices=("heuristic", "exhaustive", "deterministic"))
+    parser.add_argument("--only", default="lenet,cifar,convs",
+                        help="comma-separated subset of lenet, cifar, convs")
+    parser.add_argument("--threads", type=int, default=2, help="PyTorch threads (default 2)")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("bench_cpu.py compares against PyTorch, which is not installed (it is a "
+              "test-only dependency: pip install 'netrun[test]').", file=sys.stderr)
+        return 1
+    torch.set_num_threads(args.threads)
+    reps = 5 if args.quick else 20
+    only = set(args.only.split(","))
+    peak = gemm_peak(20)   # first, before either library's threads have run
+    rows: list[dict] = []
+    if "lenet" in only:
+        rows += bench_net(torch, "lenet", reps, args.algo_mode)
+    if "cifar" in only:
+        rows += bench_net(torch, "cifar10_quick", reps, args.algo_mode)
+    if "convs" in only:
+        rows += bench_convs(torch, max(3, reps // 4), args.algo_mode)
+    if args.json:
+        print(json.dumps({"gemm_peak_gflops": peak, "torch_threads": args.threads,
+                          "algo_mode": args.algo_mode, "rows": rows}, indent=2))
+        return 0
+    print(f"{'what':34s} {'netrun ms':>10s} {'torch ms':>10s} {'ratio':>6s} {'GFLOP/s':>8s} "
+          f"{'% peak':>6s}  algorithm")
+    for r in rows:
+        gf = r.get("gflops")
+        extra = r.get("algo", "")
+        if "first_run_ms" in r:
+            extra = f"first run {r['first_run_ms']:.1f} ms = {r['first_over_steady']:.2f}× steady"
+        print(f"{r['what']:34s} {r['netrun']:10.2f} {r['torch']:10.2f} {r['ratio']:6.2f} "
+              f"{(f'{gf:8.1f}' if gf else ' ' * 8)} "
+              f"{(f'{100 * gf / peak:6.0f}' if gf else ' ' * 6)}  {extra}")
+    print(f"NumPy SGEMM peak (1024², best of 20): {peak:.0f} GFLOP/s; torch threads "
+          f"{args.threads}; algorithm mode {args.algo_mode}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

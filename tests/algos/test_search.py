@@ -1,0 +1,253 @@
+"""Choosing algorithms: modes, the timing search, the warm cache, determinism, limits."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import netrun
+from netrun import algos
+from netrun.algos import cache, search
+from netrun.core.net import SimpleNet
+from netrun.errors import ConfigError
+from netrun.ops.conv_algos import ALGORITHMS, ConvProblem, heuristic_choice
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    """Counters at zero and no cache objects from other tests."""
+    search.STATS.reset()
+    cache.forget_loaded()
+    yield
+    cache.forget_loaded()
+
+
+def conv_net(ws, x_shape=(4, 3, 10, 10), k=8, kernel=3, pad=1, seed=0, **args):
+    """A bound net: Conv and its gradient (with dX), inputs fed."""
+    rng = np.random.default_rng(seed)
+    c = x_shape[1]
+    ws.feed_blob("X", rng.standard_normal(x_shape).astype(np.float32))
+    ws.feed_blob("W", rng.standard_normal((k, c, kernel, kernel)).astype(np.float32))
+    ws.feed_blob("b", rng.standard_normal(k).astype(np.float32))
+    fwd = netrun.op("Conv", ["X", "W", "b"], ["Y"], kernel=kernel, pad=pad, name="conv", **args)
+    grads, _ = netrun.gradient_ops(fwd)
+    h = x_shape[2] + 2 * pad - kernel + 1
+    ws.feed_blob("Y_grad", rng.standard_normal((x_shape[0], k, h, h)).astype(np.float32))
+    return SimpleNet(netrun.NetDef("n", [fwd, *grads]), ws)
+
+
+def fake_times(monkeypatch, times: dict[str, float]):
+    """time_algorithm returns fixed numbers (counting calls) instead of measuring."""
+    calls = []
+
+    def fake(run, algo, backend):
+        run(algo)
+        calls.append(algo.name)
+        return times.get(algo.name, 10.0)
+
+    monkeypatch.setattr(search, "time_algorithm", fake)
+    return calls
+
+
+def test_heuristic_mode_never_times_or_writes(tmp_path):
+    ws = netrun.Workspace()
+    algos.configure(ws, cache_dir=str(tmp_path))
+    net = conv_net(ws)
+    net.run()
+    net.run()
+    assert search.STATS.searches == 0 and search.STATS.timed_runs == 0
+    assert list(tmp_path.iterdir()) == []
+    assert net.ops[0].ctx.state["algo"] == "im2col_gemm"   # C·kw = 9: im2col's rule
+
+
+def test_exhaustive_mode_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
+    calls = fake_times(monkeypatch, {"fft": 1.0, "winograd_f2x2": 2.0})
+    ws = netrun.Workspace()
+    algos.configure(ws, mode="exhaustive", cache_dir=str(tmp_path))
+    net = conv_net(ws)
+    net.run()
+    assert search.STATS.searches == 3   # forward, backward_filter, backward_data
+    assert net.ops[0].ctx.state["algo"] == "fft" and net.ops[1].ctx.state["algo"] == "fft"
+    timed = set(calls)
+    assert timed == {"im2col_gemm", "shift_gemm", "fft", "winograd_f2x2", "winograd_f4x4"}
+    net.run()                           # same shapes: nothing is searched or looked up again
+    assert search.STATS.searches == 3 and search.STATS.cache_hits == 0
+    _, entries = cache.read_file(cache.list_files(tmp_path)[0])
+    assert sorted(k.split("|")[0] for k in entries) == ["backward_data", "backward_filter",
+                                                        "forward"]
+    assert all(e.times_ms["fft"] == 1.0 for e in entries.values())
+
+
+WARM_SCRIPT = textwrap.dedent("""
+    import json, numpy as np, netrun
+    from netrun import algos
+    from netrun.algos import search
+    from netrun.core.net import SimpleNet
+    ws = netrun.Workspace()
+    algos.configure(ws, mode="exhaustive")
+    rng = np.random.default_rng(0)
+    ws.feed_blob("X", rng.standard_normal((4, 3, 10, 10)).astype(np.float32))
+    ws.feed_blob("W", rng.standard_normal((8, 3, 3, 3)).astype(np.float32))
+    ws.feed_blob("Y_grad", rng.standard_normal((4, 8, 10, 10)).astype(np.float32))
+    fwd = netrun.op("Conv", ["X", "W"], ["Y"], kernel=3, pad=1)
+    net = SimpleNet(netrun.NetDef("n", [fwd, *netrun.gradient_ops(fwd)[0]]), ws)
+    net.run()
+    print(json.dumps({"searches": search.STATS.searches, "hits": search.STATS.cache_hits,
+                      "timed": search.STATS.timed_runs,
+                      "algos": [o.ctx.state["algo"] for o in net.ops]}))
+""")
+
+
+def test_a_second_process_with_a_warm_cache_does_no_search(tmp_path):
+    env = {**os.environ, "NETRUN_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+
+    def run_process():
+        out = subprocess.run([sys.executable, "-c", WARM_SCRIPT], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    cold = run_process()
+    assert cold["searches"] == 3 and cold["hits"] == 0 and cold["timed"] > 3 * 3
+    warm = run_process()
+    assert warm == {"searches": 0, "hits": 3, "timed": 0, "algos": cold["algos"]}
+
+
+def test_deterministic_mode_is_bitwise_reproducible_and_ignores_the_cache(tmp_path,
+                                                                           monkeypatch):
+    # A cache that claims FFT is fastest for everything must not change deterministic runs.
+    fake_times(monkeypatch, {"fft": 0.001})
+    poisoner = netrun.Workspace()
+    algos.configure(poisoner, mode="exhaustive", cache_dir=str(tmp_path))
+    conv_net(poisoner).run()
+    results = []
+    for _ in range(2):
+        ws = netrun.Workspace()
+        algos.configure(ws, mode="deterministic", cache_dir=str(tmp_path))
+        net = conv_net(ws)
+        for _ in range(2):
+            net.run()
+        assert [o.ctx.state["algo"] for o in net.ops] == ["im2col_gemm", "im2col_gemm"]
+        results.append({n: ws.fetch_blob(n).tobytes() for n in ("Y", "W_grad", "b_grad",
+                                                                 "X_grad")})
+    assert results[0] == results[1]
+    assert search.STATS.cache_hits == 0
+
+
+def test_a_fixed_algorithm_wins_over_every_mode(tmp_path, monkeypatch):
+    calls = fake_times(monkeypatch, {})
+    ws = netrun.Workspace()
+    algos.configure(ws, mode="exhaustive", cache_dir=str(tmp_path))
+    net = conv_net(ws, algo="winograd_f4x4")
+    net.run()
+    assert calls == [] and search.STATS.searches == 0
+    assert [o.ctx.state["algo"] for o in net.ops] == ["winograd_f4x4", "winograd_f4x4"]
+
+
+def test_the_workspace_limit_leaves_out_big_algorithms(tmp_path, monkeypatch):
+    p = ConvProblem(4, 3, 10, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1)
+    need = {a.name: a.workspace_bytes(p) for a in ALGORITHMS.values() if a.applicable(p)}
+    limit = sorted(need.values())[1]             # the two smallest fit
+    fits = {n for n, b in need.items() if b <= limit}
+    calls = fake_times(monkeypatch, {})
+    ws = netrun.Workspace()
+    algos.configure(ws, mode="exhaustive", workspace_limit=limit, cache_dir=str(tmp_path))
+    conv_net(ws).run()
+    assert set(calls) == fits
+    entry = next(iter(cache.read_file(cache.list_files(tmp_path)[0])[1].values()))
+    assert set(entry.skipped) == set(need) - fits and entry.limit == limit
+    # Nothing fits a zero limit: the least demanding algorithm still runs the conv.
+    algos.configure(ws, mode="heuristic", workspace_limit=0)
+    pool = search.candidates(p, algos.settings_of(ws))
+    assert [a.name for a in pool] == [min(need, key=need.get)]
+
+
+def test_a_larger_limit_later_searches_what_was_skipped(tmp_path, monkeypatch):
+    calls = fake_times(monkeypatch, {})
+    p = ConvProblem(4, 3, 10, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1)
+    second = sorted(a.workspace_bytes(p) for a in ALGORITHMS.values() if a.applicable(p))[1]
+    ws = netrun.Workspace()
+    algos.configure(ws, mode="exhaustive", workspace_limit=second, cache_dir=str(tmp_path))
+    net = conv_net(ws)
+    net.run()
+    assert search.STATS.searches == 3 and len(set(calls)) == 2
+    algos.configure(ws, workspace_limit=None)    # ops re-pick after configure
+    net.run()
+    assert search.STATS.searches == 6 and len(set(calls)) == 5
+
+
+def test_persist_false_keeps_results_in_memory_only(tmp_path, monkeypatch):
+    fake_times(monkeypatch, {})
+    for _ in range(2):
+        ws = netrun.Workspace()
+        algos.configure(ws, mode="exhaustive", cache_dir=str(tmp_path), persist=False)
+        conv_net(ws).run()
+    assert search.STATS.searches == 3 and search.STATS.cache_hits == 3
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_time_algorithm_excludes_the_first_call():
+    class Clock:
+        t = 0.0
+
+        def now(self):
+            return self.t
+
+    clock, runs = Clock(), []
+
+    def run(algo):   # the first call is slow (page faults, compilation), later ones fast
+        clock.t += 1.0 if not runs else 0.001
+        runs.append(algo)
+
+    ms = search.time_algorithm(run, ALGORITHMS["im2col_gemm"], clock)
+    assert ms == pytest.approx(1.0) and len(runs) == search.MAX_REPS + 1
+    assert search.STATS.timed_runs == len(runs)
+
+
+def test_compare_algorithms_for_a_problem_and_for_a_bound_op():
+    p = ConvProblem(2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1)
+    rows = algos.compare_algorithms(p)
+    assert {name for name, _ in rows} == {a.name for a in ALGORITHMS.values() if a.applicable(p)}
+    assert [ms for _, ms in rows] == sorted(ms for _, ms in rows) and rows[0][1] > 0
+    ws = netrun.Workspace()
+    net = conv_net(ws, x_shape=(2, 3, 8, 8), k=4)
+    net.run()
+    grad_op = net.ops[1]
+    assert search.directions_of(grad_op) == ["backward_filter", "backward_data"]
+    names = {n for n, _ in algos.compare_algorithms(grad_op)}
+    assert names == {n for n, _ in rows}
+    assert search.STATS.searches == 0
+    with pytest.raises(ValueError, match="has not run yet"):
+        algos.compare_algorithms(SimpleNet(netrun.NetDef("m", [grad_op.def_]), ws).ops[0])
+
+
+def test_configure_checks_its_arguments():
+    ws = netrun.Workspace()
+    with pytest.raises(ConfigError, match="unknown algorithm mode 'exhaustiv'.*'exhaustive'"):
+        algos.configure(ws, mode="exhaustiv")
+    with pytest.raises(ConfigError, match="must not be negative"):
+        algos.configure(ws, workspace_limit=-1)
+    settings = algos.configure(ws, mode="exhaustive", workspace_limit=algos.parse_bytes("64M"))
+    assert settings.workspace_limit == 64 << 20 and algos.settings_of(ws) is settings
+    assert algos.configure(ws, mode="heuristic").workspace_limit == 64 << 20   # kept
+    assert algos.settings_of(netrun.Workspace()).mode == "heuristic"           # default
+    with pytest.raises(ConfigError, match="cannot read 'lots' as a size"):
+        algos.parse_bytes("lots")
+
+
+def test_heuristic_respects_the_candidates():
+    p = ConvProblem(2, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1)
+    assert heuristic_choice(p).name == "im2col_gemm"
+    wide = ConvProblem(2, 16, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1)
+    assert heuristic_choice(wide).name == "shift_gemm"
+    only = [ALGORITHMS["winograd_f2x2"], ALGORITHMS["im2col_gemm"]]
+    assert heuristic_choice(p, "forward", only).name == "im2col_gemm"
+    assert heuristic_choice(p, "forward", [ALGORITHMS["fft"]]).name == "fft"
