@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 import zlib
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,15 @@ class H5Writer:
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        self._f = h5py.File(self.tmp, "w")
-        self._f.attrs["format_version"] = FORMAT_VERSION
+        # Unique per write: an interrupted write's leftover never blocks the next one.
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self._f = None
+        try:
+            self._f = h5py.File(self.tmp, "w")
+            self._f.attrs["format_version"] = FORMAT_VERSION
+        except BaseException:   # Ctrl-C included: leave no open handle and no temp file
+            self.abort()
+            raise
 
     def put(self, key: str, array: Any) -> None:
         """Store an array under a slash-separated key such as 'params/conv1_w'."""
@@ -55,12 +62,16 @@ class H5Writer:
 
     def commit(self) -> None:
         """Mark complete, flush, fsync and atomically replace the target file."""
-        self._f.attrs[_COMPLETE] = 1
-        self._f.flush()
-        self._f.close()
-        with open(self.tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(self.tmp, self.path)
+        try:
+            self._f.attrs[_COMPLETE] = 1
+            self._f.flush()
+            self._f.close()
+            with open(self.tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
         try:
             fd = os.open(self.path.parent, os.O_RDONLY)
             try:
@@ -72,7 +83,8 @@ class H5Writer:
 
     def abort(self) -> None:
         try:
-            self._f.close()
+            if self._f is not None:
+                self._f.close()
         finally:
             self.tmp.unlink(missing_ok=True)
 

@@ -118,3 +118,26 @@ def test_sigint_saves_and_exits_cleanly(tiny_config, tmp_path):
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err and b"interrupted at iteration" in err
     assert ckpt.read_info(out / "last.h5").iteration > 0
+
+
+def test_an_interrupted_write_leaves_nothing_behind(trained, tmp_path, monkeypatch):
+    """Ctrl-C inside a write: no temp file stays, the next write to the same name works."""
+    import h5py as h5
+
+    tr, path = trained
+    original = h5.File
+
+    def interrupted(*args, **kwargs):
+        f = original(*args, **kwargs)
+        if kwargs.get("mode", args[1] if len(args) > 1 else "r") == "w":
+            f.close()
+            raise KeyboardInterrupt
+        return f
+
+    monkeypatch.setattr(h5, "File", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tr.save(tmp_path / "x.h5")
+    monkeypatch.setattr(h5, "File", original)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".x.h5.tmp")]
+    tr.save(tmp_path / "x.h5")
+    assert ckpt.read_info(tmp_path / "x.h5").iteration == 5
