@@ -66,10 +66,12 @@ class Windows:
         if not self.junk and (like is not None or alias is not None):
             return (like if like is not None else alias).reshape(self.full_shape)
         buf = self.scratch(key, self.full_shape, dtype)
+        if self.junk:
+            # the junk columns are a column or two per row: filling the whole buffer first
+            # is one fast contiguous pass, where a strided fill pays NumPy's per-run overhead
+            buf.fill(junk)
         if like is not None:
             self.crop(buf)[...] = like
-        if self.junk:
-            buf.reshape(*self.shape[:2], self.oh, self.wq)[..., self.ow:] = junk
         return buf
 
     def accumulator(self, dx, zero: bool = True, key: str = "pool.acc") -> "Accumulator":
@@ -151,10 +153,13 @@ class _Phases:
         g, hq, wq = self.g, self.hq, self.wq
         for a, b, (u0, u1, y0), (v0, v1, x0) in self._ranges():
             dst = buf[a, b, :, :, :hq * wq].reshape(x.shape[0], x.shape[1], hq, wq)
-            dst[:, :, :u0] = fill
-            dst[:, :, u1:] = fill
-            dst[:, :, u0:u1, :v0] = fill
-            dst[:, :, u0:u1, v1:] = fill
+            if v0 > 0 or v1 < wq:
+                # padding columns: one contiguous fill of the whole plane beats strided
+                # fills whose inner runs are a column or two wide (NumPy's per-run overhead)
+                dst.fill(fill)
+            else:
+                dst[:, :, :u0] = fill
+                dst[:, :, u1:] = fill
             if u1 > u0 and v1 > v0:
                 dst[:, :, u0:u1, v0:v1] = x[:, :, y0::g.sh, x0::g.sw][:, :, :u1 - u0, :v1 - v0]
 

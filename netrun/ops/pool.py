@@ -7,7 +7,8 @@ MaxPoolGradient takes (X, Y, dY) as in Caffe2 and recomputes where the maximum w
 forward pass stores nothing extra: the first tap (in window order) whose value equals Y wins.
 It first routes dY to every tap equal to Y (two passes per tap, straight into dX when windows
 do not overlap) and counts the hits; only if some window had a tie does it redo the routing
-the exact way (first tap wins).
+the exact way (first tap wins). Max pooling whose windows tile the image (kernel == stride,
+no pads: LeNet's 2×2 s2) takes a separable path instead (netrun.algos.tiled_pool).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
 import netrun.algos.parallel as parallel
+import netrun.algos.tiled_pool as tiled_pool
 import netrun.algos.windows as windows
 from netrun.ops.common import same_as_input
 from netrun.ops.geometry import ConvGeometry, conv_pool_args
@@ -184,6 +186,9 @@ def max_pool(ctx, X):
     """Y = the running maximum over the window taps of X padded with -inf."""
     g, oh, ow, _ = _setup(ctx, X)
     Y = ctx.output(0, _out_shape(ctx.args, X.shape, oh, ow), X.dtype)
+    if tiled_pool.applies(g, X.shape, oh, ow, ctx.args.order):   # LeNet's 2×2 s2
+        _in_blocks(ctx, lambda s, x, y: tiled_pool.forward(ctx.xp, s, g, x, y), X, Y)
+        return
 
     def block(scratch, x, y):
         win = windows.Windows(scratch, x.shape, g, _axes(ctx.args), oh, ow)
@@ -206,6 +211,10 @@ def max_pool_gradient(ctx, X, Y, dY):
     _check_pooled(ctx, "dY", dY, _out_shape(ctx.args, X.shape, oh, ow))
     _check_pooled(ctx, "Y", Y, _out_shape(ctx.args, X.shape, oh, ow))
     dX = ctx.output(0, X.shape, X.dtype)
+    if tiled_pool.applies(g, X.shape, oh, ow, ctx.args.order):
+        _in_blocks(ctx, lambda s, x, dy, dx: tiled_pool.backward(ctx.xp, s, g, x, dy, dx),
+                   X, dY, dX)
+        return
 
     def block(scratch, x, y, dy, dx):
         win = windows.Windows(scratch, x.shape, g, _axes(ctx.args), oh, ow)

@@ -326,3 +326,61 @@ def test_pooling_split_across_threads_gives_the_same_bits(kind, args, monkeypatc
     split = netrun_forward_backward(op, {"X": x}, dy)
     np.testing.assert_array_equal(split[0][0], plain[0][0])
     np.testing.assert_array_equal(split[1]["X"], plain[1]["X"])
+
+
+# Tiled max pooling (kernel == stride, no pads: netrun.algos.tiled_pool) ---------------------
+def _first_max_reference(x, dy, kh, kw):
+    """dX by a loop: each dY at the first maximum (row-major) of its kh×kw tile."""
+    ref = np.zeros_like(x)
+    for n, c, r, q in np.ndindex(*dy.shape):
+        tile = x[n, c, r * kh:(r + 1) * kh, q * kw:(q + 1) * kw]
+        i, j = np.unravel_index(np.argmax(tile), tile.shape)
+        ref[n, c, r * kh + i, q * kw + j] += dy[n, c, r, q]
+    return ref
+
+
+@pytest.mark.parametrize("kh,kw", [(2, 2), (3, 3), (2, 3), (1, 2), (3, 1)])
+def test_tiled_max_pool_ties_go_to_the_first_tap_in_row_major_order(kh, kw):
+    """Tiles with ties, including the case that separable routing in the wrong order gets
+    wrong: the maximum at (0, 1) and (1, 0) but not (0, 0) must go to (0, 1)."""
+    from netrun.algos import tiled_pool
+    from netrun.ops.geometry import ConvGeometry
+
+    assert tiled_pool.applies(ConvGeometry(kh, kw, kh, kw), (2, 3, 2 * kh, 3 * kw), 2, 3, "NCHW")
+    x = _untied((2, 3, 2 * kh, 3 * kw), 7)
+    x[0, 0, :kh, :kw] = 0.0                          # a fully tied tile
+    x[0, 1, :kh, :kw] = -5.0
+    if kh > 1 and kw > 1:
+        x[0, 1, 0, 1] = x[0, 1, 1, 0] = 9.0          # tie between (0, 1) and (1, 0)
+    x[1, 2, :, kw:2 * kw] = 4.0                      # a column of tied tiles
+    op = netrun.op("MaxPool", ["X"], ["Y"], kernel_h=kh, kernel_w=kw, stride_h=kh, stride_w=kw)
+    dy = np.random.default_rng(3).standard_normal((2, 3, 2, 3))
+    outs, grads = netrun_forward_backward(op, {"X": x}, dy)
+    np.testing.assert_array_equal(outs[0], x.reshape(2, 3, 2, kh, 3, kw).max(axis=(3, 5)))
+    np.testing.assert_array_equal(grads["X"], _first_max_reference(x, dy, kh, kw))
+
+
+def test_tiled_max_pool_matches_torch_float32():
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(4).standard_normal((5, 4, 12, 8)).astype(np.float32)
+    dy = np.random.default_rng(5).standard_normal((5, 4, 6, 4)).astype(np.float32)
+    op = netrun.op("MaxPool", ["X"], ["Y"], kernel=2, stride=2)
+    outs, grads = netrun_forward_backward(op, {"X": x}, dy)
+    t_outs, t_grads, _ = torch_forward_backward(
+        lambda t: torch.nn.functional.max_pool2d(t, 2, 2), [x], dy)
+    assert outs[0].dtype == np.float32 and grads["X"].dtype == np.float32
+    np.testing.assert_array_equal(outs[0], t_outs[0])
+    np.testing.assert_array_equal(grads["X"], t_grads[0])
+
+
+def test_tiled_path_only_for_exact_tiles():
+    from netrun.algos import tiled_pool
+    from netrun.ops.geometry import ConvGeometry
+
+    g = ConvGeometry(2, 2, 2, 2)
+    assert tiled_pool.applies(g, (1, 1, 24, 24), 12, 12, "NCHW")
+    assert not tiled_pool.applies(g, (1, 1, 24, 25), 12, 12, "NCHW")     # a leftover column
+    assert not tiled_pool.applies(g, (1, 24, 24, 1), 12, 12, "NHWC")
+    assert not tiled_pool.applies(ConvGeometry(3, 3, 2, 2), (1, 1, 7, 7), 3, 3, "NCHW")
+    assert not tiled_pool.applies(ConvGeometry(2, 2, 2, 2, 1, 1, 1, 1), (1, 1, 4, 4), 3, 3,
+                                  "NCHW")
