@@ -14,7 +14,11 @@ import os
 import time
 from pathlib import Path
 
+import sys
+
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 try:
     import torch

@@ -119,6 +119,8 @@ def with_overrides(cfg: TrainConfig, overrides: list[str], data: dict | None = N
     raw = copy.deepcopy(cfg.raw)
     raw["model"] = cfg.model                # already resolved: keep it as it is
     raw["output"] = cfg.output
+    # The live data section, not raw's record of it (a Caffe mean image is an array here).
+    raw["data"] = copy.deepcopy(cfg.data)
     if data:
         raw["data"] = {**{k: v for k, v in (raw.get("data") or {}).items()
                           if k not in ("source", "split", "dir")}, **data}

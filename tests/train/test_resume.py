@@ -55,3 +55,15 @@ def test_relative_paths_resolve_against_the_config(tmp_path):
     cfg = load_config(tmp_path / "configs" / "c.yaml")
     assert Path(cfg.output).resolve() == (tmp_path / "runs" / "x").resolve()
     assert Path(cfg.model).resolve() == (tmp_path / "zoo" / "m.yaml").resolve()
+
+
+def test_overrides_keep_live_data_values():
+    """--set on a Caffe solver's config keeps a decoded mean image (an array, not its record)."""
+    from netrun.train.config import config_from_dict, with_overrides
+
+    cfg = config_from_dict({"model": "/m.yaml", "data": {"source": "generated"}})
+    cfg.data["transform"] = {"mean": np.zeros((1, 2, 2), np.float32)}
+    cfg.raw["data"] = {"source": "generated", "transform": {"mean": "array 1x2x2"}}
+    out = with_overrides(cfg, ["solver.base_lr=0.5"], {"source": "npz"})
+    assert isinstance(out.data["transform"]["mean"], np.ndarray)
+    assert out.solver.base_lr == 0.5 and out.data["source"] == "npz"
