@@ -55,6 +55,13 @@ class DataSource:
     def _load(self, part: str) -> Arrays:
         raise NotImplementedError
 
+    def _classes(self, configured: int | None) -> int:
+        """`configured`, else 1 + the largest label of the first part (read if needed)."""
+        if configured is not None:
+            return int(configured)
+        labels = self.part(self.parts[0]).label
+        return int(labels.max()) + 1 if labels.size else 0
+
     def describe(self) -> str:
         """One line for logs."""
         return self.name

@@ -94,10 +94,7 @@ class Hdf5Source(DataSource):
     @property
     def num_classes(self) -> int:  # type: ignore[override]
         """Configured `num_classes`, else 1 + the largest training label."""
-        if self._num_classes is not None:
-            return int(self._num_classes)
-        labels = self.part(self.parts[0]).label
-        return int(labels.max()) + 1 if labels.size else 0
+        return self._classes(self._num_classes)
 
     def describe(self) -> str:
         """One line for logs."""
