@@ -1,7 +1,17 @@
-"""The GPU backend on CuPy (imported lazily: only this module touches cupy)."""
+"""The GPU backend on CuPy (imported lazily: only this module and gpu_kernels touch cupy).
+
+One backend per device: its CUDA stream is made current (sticky, per thread) whenever a
+workspace on it feeds, fetches or runs, so every kernel — CuPy's, cuBLAS's and netrun's own —
+queues on it in order. Host↔device copies go through `to_device` / `to_host` only (counted in
+`transfers`); `to_host` and `synchronize` are the points where the host waits for the device,
+and where errors that kernels flagged (a label out of range) are raised. Creating the backend
+registers the GPU kernels (`netrun.backends.gpu_kernels`) and the GPU convolution algorithms
+(`netrun.algos.gpu`), so CPU-only users never import either.
+"""
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -19,7 +29,8 @@ def _import_cupy():
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # CUDA driver missing or broken
-        raise BackendError(f"device 'gpu': CuPy is installed but no CUDA device is usable ({e})") from e
+        raise BackendError(f"device 'gpu': CuPy is installed but no CUDA device is usable "
+                           f"({e})") from e
     if count == 0:
         raise BackendError("device 'gpu': CuPy is installed but this machine has no CUDA device")
     return cupy, count
@@ -33,14 +44,35 @@ class GPUBackend(Backend):
     def __init__(self, index: int = 0):
         cupy, count = _import_cupy()
         if index >= count:
-            raise BackendError(f"device 'gpu:{index}' does not exist: this machine has {count} GPU(s)")
+            raise BackendError(f"device 'gpu:{index}' does not exist: this machine has "
+                               f"{count} GPU(s)")
         self.xp = cupy
         self.index = index
         self._device = cupy.cuda.Device(index)
         with self._device:
-            self.stream = cupy.cuda.Stream(non_blocking=True)
+            # A blocking stream (not non_blocking=True): it still orders itself against the
+            # legacy default stream, so CuPy work issued where this stream is not current
+            # (another thread, a library call) cannot race with the work queued here.
+            self.stream = cupy.cuda.Stream(non_blocking=False)
             props = cupy.cuda.runtime.getDeviceProperties(index)
-        self._name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        name = props["name"]
+        self._name = name.decode() if isinstance(name, bytes) else str(name)
+        self.compute_capability = f"{props.get('major', 0)}{props.get('minor', 0)}"
+        self.pool = cupy.get_default_memory_pool()
+        self._peak_held = 0
+        self._versions: dict[str, str] | None = None
+        from netrun.backends.gpu_kernels.checks import DeviceChecks
+
+        self.checks = DeviceChecks(self)
+        self._register()
+
+    @staticmethod
+    def _register() -> None:
+        """Register the GPU kernels (on import) and the GPU convolution algorithms."""
+        import netrun.backends.gpu_kernels  # noqa: F401
+        from netrun.algos.gpu import register
+
+        register()
 
     @property
     def device(self) -> str:
@@ -50,25 +82,104 @@ class GPUBackend(Backend):
     def device_name(self) -> str:
         return self._name
 
-    def activate(self):
-        """Make this device and its stream current (a context manager pair)."""
-        return self._device, self.stream
+    def activate(self) -> None:
+        """Make this device and its stream current for the calling thread (and keep them)."""
+        cuda = self.xp.cuda
+        if cuda.runtime.getDevice() != self.index:
+            self._device.use()
+        if cuda.get_current_stream().ptr != self.stream.ptr:
+            self.stream.use()
 
+    # Copies ----------------------------------------------------------------------------------
     def to_device(self, array: Any) -> Any:
+        host = np.asarray(array)
+        if not host.flags.c_contiguous:
+            host = np.ascontiguousarray(host)
         with self._device, self.stream:
-            return self.xp.array(np.asarray(array), copy=True, order="C")
+            out = self.xp.empty(host.shape, dtype=host.dtype)
+            if host.size:
+                # Queued on this stream: ordered after the kernels that used the memory before.
+                out.set(host, stream=self.stream)
+        return out
 
     def to_host(self, array: Any) -> np.ndarray:
         with self._device, self.stream:
-            return self.xp.asnumpy(array, stream=self.stream)
+            host = array.get(stream=self.stream)    # blocking: waits for the stream's work
+        self._after_sync()
+        return host
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+        self._after_sync()
 
+    def _after_sync(self) -> None:
+        """Bookkeeping where the host has caught up with the device: peak memory, checks."""
+        held = self.pool.total_bytes()
+        if held > self._peak_held:
+            self._peak_held = held
+        self.checks.check()
+
+    # Random numbers --------------------------------------------------------------------------
     def new_rng(self, seed: int | None) -> Any:
-        with self._device:
-            return self.xp.random.default_rng(seed)
+        """A counter-based device generator whose state is two integers (exact checkpoints)."""
+        from netrun.backends.gpu_kernels.random import DeviceGenerator
 
+        return DeviceGenerator(self.xp, seed)
+
+    # Timing ----------------------------------------------------------------------------------
+    def record_event(self) -> Any:
+        """A CUDA event recorded on the stream: timing marks that do not stall the device."""
+        event = self.xp.cuda.Event()
+        event.record(self.stream)
+        return event
+
+    def elapsed_s(self, start: Any, end: Any) -> float:
+        """Seconds of device work between two events (waits for `end` to complete)."""
+        end.synchronize()
+        return self.xp.cuda.get_elapsed_time(start, end) / 1e3
+
+    @contextmanager
+    def timer(self) -> Iterator[list[float]]:
+        """`with backend.timer() as t: ...`: device seconds of the block's work, from events."""
+        out = [0.0]
+        start = self.record_event()
+        try:
+            yield out
+        finally:
+            out[0] = self.elapsed_s(start, self.record_event())
+            self._after_sync()
+
+    # Memory and versions ---------------------------------------------------------------------
     def peak_memory_bytes(self) -> int:
-        """Bytes the CuPy pool holds (its high-water mark is what the pool keeps)."""
-        return int(self.xp.get_default_memory_pool().total_bytes())
+        """The most memory CuPy's pool has held, as seen at sync points.
+
+        The pool keeps freed blocks for reuse, so what it holds only grows: a high-water mark
+        of live memory plus the pool's rounding and fragmentation.
+        """
+        self._peak_held = max(self._peak_held, self.pool.total_bytes())
+        return self._peak_held
+
+    def memory_stats(self) -> dict[str, int]:
+        """Bytes in use, held by the pool, the peak held, and the device's free and total."""
+        with self._device:
+            free, total = self._device.mem_info
+            return {"used_bytes": int(self.pool.used_bytes()),
+                    "held_bytes": int(self.pool.total_bytes()),
+                    "peak_held_bytes": int(self.peak_memory_bytes()),
+                    "device_free_bytes": int(free), "device_total_bytes": int(total)}
+
+    def library_versions(self) -> dict[str, str]:
+        """What changes which convolution algorithm is fastest: part of algorithm-cache keys."""
+        if self._versions is None:
+            runtime = self.xp.cuda.runtime
+            versions = {"cupy": str(self.xp.__version__),
+                        "cuda_runtime": str(runtime.runtimeGetVersion()),
+                        "cuda_driver": str(runtime.driverGetVersion()),
+                        "compute_capability": self.compute_capability}
+            from netrun.algos.gpu.cudnn import cudnn_version
+
+            cudnn = cudnn_version()
+            if cudnn:
+                versions["cudnn"] = cudnn
+            self._versions = versions
+        return dict(self._versions)

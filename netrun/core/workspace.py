@@ -17,6 +17,8 @@ class Workspace:
 
     def __init__(self, device: str = "cpu", seed: int | None = None):
         self.backend = get_backend(device)
+        # GPU: make the device and its stream current for this thread (sticky; CPU: no-op).
+        self.backend.activate()
         self._blobs: dict[str, Any] = {}
         self._nets: dict[str, SimpleNet] = {}
         self._scratch: dict[str, Any] = {}
@@ -35,6 +37,7 @@ class Workspace:
     def feed_blob(self, name: str, value: Any, dtype: Any = None) -> None:
         """Copy a host array (or scalar) into blob `name` on this workspace's device."""
         host = np.asarray(value, dtype=dtype)
+        self.backend.activate()
         self._blobs[name] = self.backend.to_device(host)
 
     def fetch_blob(self, name: str) -> np.ndarray:
@@ -43,6 +46,7 @@ class Workspace:
             from netrun.errors import suggest
 
             raise NetrunError(f"blob '{name}' does not exist{suggest(name, self._blobs)}")
+        self.backend.activate()
         return self.backend.to_host(self._blobs[name])
 
     def has_blob(self, name: str) -> bool:
@@ -71,6 +75,7 @@ class Workspace:
     # Operators and nets ----------------------------------------------------------------
     def run_operator_once(self, op: OperatorDef) -> None:
         """Validate, create and run one operator."""
+        self.backend.activate()
         Operator(op, self).run()
 
     def create_net(self, net: NetDef, overwrite: bool = True) -> SimpleNet:
@@ -88,11 +93,13 @@ class Workspace:
             from netrun.errors import suggest
 
             raise NetrunError(f"net '{name}' was not created in this workspace{suggest(name, self._nets)}")
+        self.backend.activate()
         for _ in range(iterations):
             net.run()
 
     def run_net_once(self, net: NetDef) -> None:
         """Create and run a net once without keeping it (init nets)."""
+        self.backend.activate()
         SimpleNet(net, self).run()
 
     def nets(self) -> list[str]:
