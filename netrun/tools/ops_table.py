@@ -98,9 +98,12 @@ def _gradient(schema: OpSchema, schemas: dict[str, OpSchema]) -> str:
 
 
 def _kernel(type: str, backend: str) -> str:
+    import netrun.backends.gpu_kernels  # noqa: F401  (registers GPU kernels; imports no CuPy)
+
     backends = kernel_backends(type)
     if backend in backends:
-        return f"{backend} kernel"
+        # No netrun GPU kernel has run on a real GPU yet (only on the CPU emulator in tests).
+        return f"{backend} kernel" + (" (unverified on GPU)" if backend == "gpu" else "")
     if "any" in backends:
         # Shared kernels are written against xp; none has been run on a GPU yet.
         return "shared" if backend == "cpu" else "shared (unverified on GPU)"

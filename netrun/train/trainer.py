@@ -124,11 +124,22 @@ class Trainer:
         rng = meta.get("rng", {})
         if "host" in rng:
             self.ws.host_rng.bit_generator.state = rng["host"]
-        if "device" in rng and hasattr(self.ws.rng, "bit_generator"):
-            self.ws.rng.bit_generator.state = rng["device"]
+        if "device" in rng:
+            self._set_device_rng(rng["device"])
         if "data" in meta:
             self.loader.load_state(meta["data"])
         self.best_accuracy = float(meta.get("best_accuracy", -1.0))
+
+    def _set_device_rng(self, state) -> None:
+        # Another device kind's generator cannot take this state (a GPU checkpoint resumed on
+        # CPU): the run continues, with dropout masks no longer matching the original run.
+        try:
+            self.ws.rng.bit_generator.state = state
+        except (AttributeError, TypeError, ValueError):
+            import warnings
+
+            warnings.warn("the checkpoint's device RNG state does not fit this device; "
+                          "dropout masks will differ from an uninterrupted run")
 
     # One step ------------------------------------------------------------------------------
     def step(self) -> StepResult:

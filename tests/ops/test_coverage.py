@@ -399,7 +399,8 @@ def test_operator_table_lists_every_op_with_its_gradient():
     assert rows["ReluGradient"].gradient == "(gradient of Relu)"
     assert rows["SoftmaxWithLoss"].gradient.endswith("(not for labels, weights)")
     assert rows["StopGradient"].gradient.startswith("none: ")
-    assert rows["Conv"].gpu == "shared (unverified on GPU)" and rows["Conv"].cpu == "shared"
+    assert rows["Conv"].gpu == "gpu kernel (unverified on GPU)" and rows["Conv"].cpu == "shared"
+    assert rows["Relu"].gpu == "shared (unverified on GPU)"
     assert not any("missing" in c for r in rows.values() for c in r.cells())
 
 
