@@ -417,9 +417,9 @@ def test_expand_path(monkeypatch):
     monkeypatch.setenv("NR_A", "/data")
     monkeypatch.setenv("NR_EMPTY", "")
     monkeypatch.delenv("NR_UNSET", raising=False)
-    monkeypatch.setenv("HOME", "/home/u")
+    monkeypatch.setenv("HOME", "/fakehome")
     assert expand_path("${NR_A:-/x}/mnist") == "/data/mnist"
-    assert expand_path("${NR_UNSET:-~/.cache/netrun}/mnist") == "/home/u/.cache/netrun/mnist"
+    assert expand_path("${NR_UNSET:-~/.cache/netrun}/mnist") == "/fakehome/.cache/netrun/mnist"
     assert expand_path("${NR_EMPTY:-/fallback}") == "/fallback"
     assert expand_path("$NR_A/x/${NR_A}") == "/data/x//data"
     assert expand_path("${NR_UNSET}/y") == "/y"
