@@ -141,14 +141,14 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
         raise ConfigError(f"{where}missing 'model' (path to a .yaml, .pbtxt or .prototxt model)")
     base = path.parent if path else Path.cwd()
     model = Path(expand(str(raw["model"])))
-    model = model if model.is_absolute() else (base / model)
+    model = Path(os.path.normpath(model if model.is_absolute() else base / model))
     solver = _solver(raw.get("solver") or {}, where)
     data = dict(raw.get("data") or {})
     if "dir" in data and isinstance(data["dir"], str):
         data["dir"] = expand(data["dir"])
     # Like the model path, a relative output folder is relative to the config file.
     output = Path(expand(str(raw.get("output", f"runs/{model.stem}"))))
-    output = str(output if output.is_absolute() or path is None else base / output)
+    output = os.path.normpath(output if output.is_absolute() or path is None else base / output)
     return TrainConfig(model=str(model), data=data, solver=solver,
                        device=str(raw.get("device", "cpu")), output=output,
                        algo_search=str(raw.get("algo_search", "heuristic")), raw=raw,
