@@ -88,8 +88,9 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, data_sp
     def on_checkpoint(path, why):
         console.detail(f"checkpoint ({why}): {path}")
 
-    # A kill (SIGTERM) stops like Ctrl-C: a checkpoint, then a clean exit.
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Ctrl-C and a kill (SIGTERM) both stop with a checkpoint and a clean exit. SIGINT is set
+    # explicitly: a process started in the background by a shell inherits it as ignored.
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with (progress or _Null()):
             trainer.run(cfg.solver.max_iter, Callbacks(on_step, on_test, on_checkpoint))
@@ -98,7 +99,8 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, data_sp
                      f"{Path(trainer.output) / 'last.h5'}")
         raise click.exceptions.Exit(130)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     seconds = time.perf_counter() - state["start"]
     test = state["test"]
     summary = {

@@ -76,11 +76,15 @@ def test_mismatches_are_listed_at_once(trained, tmp_path):
     assert "f1_w" in text and "f2_w" in text and "16" in text and "12" in text
 
 
-def _spawn_training(config, output, extra=()):
+def _spawn_training(config, output, extra=(), ignore_sigint=False):
+    """A training run in a child process; with ignore_sigint it starts as a shell's background
+    job does (SIGINT ignored), which netrun train must override."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    pre = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
     return subprocess.Popen([sys.executable, "-m", "netrun.cli", "train", config, "-o", str(output),
                              "--max-iter", "100000", "--set", "solver.snapshot=1", *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=pre)
 
 
 def _wait_for(path: Path, proc, timeout=180.0):
@@ -98,10 +102,12 @@ def test_kill_during_checkpoint_writes_leaves_a_loadable_checkpoint(tiny_config,
     rng = np.random.default_rng(0)
     for round_ in range(3):
         proc = _spawn_training(tiny_config, out, ["--resume", "auto"])
-        _wait_for(out / "last.h5", proc)
-        time.sleep(float(rng.uniform(0.2, 1.0)))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        try:
+            _wait_for(out / "last.h5", proc)
+            time.sleep(float(rng.uniform(0.2, 1.0)))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
         info = ckpt.read_info(out / "last.h5")   # the last completed write is intact
         tr = Trainer(load_config(tiny_config), output=str(tmp_path / f"check{round_}"))
         tr.start(str(out / "last.h5"))
@@ -110,11 +116,15 @@ def test_kill_during_checkpoint_writes_leaves_a_loadable_checkpoint(tiny_config,
 
 def test_sigint_saves_and_exits_cleanly(tiny_config, tmp_path):
     out = tmp_path / "interrupted"
-    proc = _spawn_training(tiny_config, out)
-    _wait_for(out / "last.h5", proc)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=180)
+    proc = _spawn_training(tiny_config, out, ignore_sigint=True)
+    try:
+        _wait_for(out / "last.h5", proc)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err and b"interrupted at iteration" in err
     assert ckpt.read_info(out / "last.h5").iteration > 0
