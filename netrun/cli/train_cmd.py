@@ -88,12 +88,15 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, data_sp
     def on_checkpoint(path, why):
         console.detail(f"checkpoint ({why}): {path}")
 
-    # Ctrl-C and a kill (SIGTERM) both stop with a checkpoint and a clean exit. SIGINT is set
-    # explicitly: a process started in the background by a shell inherits it as ignored.
-    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Ctrl-C and a kill (SIGTERM) ask the loop to stop after the current step, where it writes
+    # a checkpoint and exits cleanly; a second one stops at once. SIGINT is set explicitly: a
+    # process started in the background by a shell inherits it as ignored.
+    stop = _StopRequest()
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with (progress or _Null()):
-            trainer.run(cfg.solver.max_iter, Callbacks(on_step, on_test, on_checkpoint))
+            trainer.run(cfg.solver.max_iter, Callbacks(on_step, on_test, on_checkpoint,
+                                                       should_stop=stop.requested))
     except KeyboardInterrupt:
         console.warn(f"interrupted at iteration {trainer.iteration}; checkpoint saved to "
                      f"{Path(trainer.output) / 'last.h5'}")
@@ -127,8 +130,19 @@ def _data_override(spec: str | None) -> dict | None:
     return {"source": source, **({"split": split} if split else {})}
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+class _StopRequest:
+    """A signal handler that asks the training loop to stop; a second signal interrupts."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, signum, frame):
+        self.count += 1
+        if self.count > 1:
+            raise KeyboardInterrupt
+
+    def requested(self) -> bool:
+        return self.count > 0
 
 
 class _Null:

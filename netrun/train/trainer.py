@@ -56,6 +56,8 @@ class Callbacks:
     on_step: Callable[[StepResult], None] | None = None
     on_test: Callable[[TestResult], None] | None = None
     on_checkpoint: Callable[[str, str], None] | None = None   # (path, why)
+    # Polled between steps: True stops the run at that safe point, as Ctrl-C does.
+    should_stop: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -259,6 +261,8 @@ class Trainer:
                     last_test = self._test_and_log(log, callbacks)
                 if cfg.snapshot and self.iteration % cfg.snapshot == 0 and not done:
                     self.snapshot("snapshot", callbacks)
+                if callbacks.should_stop is not None and callbacks.should_stop():
+                    raise KeyboardInterrupt
             last_test = self._test_and_log(log, callbacks)
             self.snapshot("final", callbacks)
         except KeyboardInterrupt:
