@@ -5,13 +5,13 @@ import math
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import netrun
 from netrun.errors import ParseError
 from netrun.proto.defs import NetDef
 from netrun.proto.netdef_yaml import netdef_from_yaml, netdef_to_yaml
 from netrun.proto.pbtxt import netdef_from_text, netdef_to_text
+from tests.strategies import netdefs
 
 
 def canonical(net: NetDef):
@@ -148,19 +148,9 @@ def test_empty_file_is_an_error():
 
 
 # Round trips ------------------------------------------------------------------------------
-_names = st.text(st.characters(codec="utf-8"), max_size=6) | st.sampled_from(
-    ["yes", "null", "~", "1e5", "0x1f", "1:20", "'q'", '"q"', "a: b", "- x", "\x85", "\u2028",
-     "\ufeff", " ", "*x", "&x", "!x", "%x", "@x", "`x", "{x}", "[x]", "|", ">", "?", "é😀"])
-_args = st.one_of(
-    st.integers(), st.floats(), _names, st.lists(st.integers(), max_size=3),
-    st.lists(st.floats(), min_size=1, max_size=3), st.lists(_names, min_size=1, max_size=3))
-_devices = st.one_of(st.none(), st.sampled_from(["cpu", "gpu", "gpu:0", "gpu:7"]))
-_ops = st.builds(netrun.op, _names, st.lists(_names, max_size=3), st.lists(_names, max_size=3),
-                 name=_names, device=_devices, engine=_names)
-_ops = st.tuples(_ops, st.dictionaries(_names, _args, max_size=4)).map(
-    lambda t: t[0].with_(args=t[1]))
-NETS = st.builds(NetDef, _names, st.lists(_ops, max_size=3), st.lists(_names, max_size=3),
-                 st.lists(_names, max_size=3))
+NETS = netdefs(["yes", "null", "~", "1e5", "0x1f", "1:20", "'q'", '"q"', "a: b", "- x", "\x85",
+                "\u2028", "\ufeff", " ", "*x", "&x", "!x", "%x", "@x", "`x", "{x}", "[x]", "|",
+                ">", "?", "é😀"])
 
 
 @settings(max_examples=25, deadline=None)

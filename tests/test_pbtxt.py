@@ -5,13 +5,13 @@ import math
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import netrun
 from netrun.errors import NetrunError, ParseError
 from netrun.proto.defs import NetDef
 from netrun.proto.io import load_netdef, read_text, save_netdef
 from netrun.proto.pbtxt import netdef_from_text, netdef_to_text
+from tests.strategies import netdefs
 
 
 def canonical(net: NetDef):
@@ -213,19 +213,8 @@ def test_writer_refuses_what_the_format_cannot_hold(op, fragment):
 
 
 # Round trips ------------------------------------------------------------------------------
-_names = st.text(st.characters(codec="utf-8"), max_size=6) | st.sampled_from(
-    ['a"b', "back\\slash", "é😀", "line\nbreak", "tab\t", "\x00", "1", "true", "x: {y}", "#"])
-_args = st.one_of(
-    st.integers(-(2**63), 2**63 - 1), st.floats(), _names, st.lists(st.integers(), max_size=3),
-    st.lists(st.floats(), min_size=1, max_size=3), st.lists(_names, min_size=1, max_size=3))
-_devices = st.one_of(st.none(), st.sampled_from(["cpu", "gpu"]),
-                     st.integers(0, 15).map(lambda i: f"gpu:{i}"))
-_ops = st.builds(netrun.op, _names, st.lists(_names, max_size=3), st.lists(_names, max_size=3),
-                 name=_names, device=_devices, engine=_names)
-_ops = st.tuples(_ops, st.dictionaries(_names, _args, max_size=4)).map(
-    lambda t: t[0].with_(args=t[1]))
-NETS = st.builds(NetDef, _names, st.lists(_ops, max_size=3), st.lists(_names, max_size=3),
-                 st.lists(_names, max_size=3))
+NETS = netdefs(['a"b', "back\\slash", "é😀", "line\nbreak", "tab\t", "\x00", "1", "true", "x: {y}",
+                "#"], int_range=(-(2**63), 2**63 - 1))
 
 
 @settings(max_examples=25, deadline=None)

@@ -1,7 +1,7 @@
 """OpSchema: what an operator accepts, how its shapes and costs follow from its inputs."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np

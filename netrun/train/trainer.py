@@ -20,7 +20,7 @@ from netrun.errors import NetrunError
 from netrun.proto.pbtxt import netdef_to_text
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import TrainConfig
-from netrun.train.solver import ITER, LR, TrainingNets, build_training
+from netrun.train.solver import LR, TrainingNets, build_training
 
 
 class NonFiniteLoss(NetrunError):
