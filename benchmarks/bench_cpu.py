@@ -25,6 +25,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from torch_steps import torch_step as make_torch_step  # noqa: E402
 
 CONV_SHAPES = {   # name: (N, C, H, W, K, kernel, stride, pad, dilation, group)
     "a 3x3 p1": (32, 64, 56, 56, 64, 3, 1, 1, 1, 1),
@@ -81,20 +84,7 @@ def bench_net(torch, name: str, reps: int, mode: str) -> list[dict]:
         model, shape = torch_net(torch, name)
         x = torch.randn(batch, *shape)
         y = torch.randint(0, 10, (batch,))
-        if phase == "train":
-            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-            loss_fn = torch.nn.CrossEntropyLoss()
-
-            def torch_step():
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                opt.step()
-        else:
-            model.eval()
-
-            def torch_step():
-                with torch.no_grad():
-                    model(x)
+        torch_step = make_torch_step(torch, model, x, y, phase)
         # The first run allocates every buffer and picks the algorithms (a timing search in
         # exhaustive mode with a cold cache; a lookup with a warm one).
         first = _time_once(target.net.run)

@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from torch_steps import torch_step as make_torch_step  # noqa: E402
+
 from bench_cpu import CONV_SHAPES, torch_net as cpu_torch_net  # noqa: E402
 
 NETS = {"lenet": ("zoo/lenet.yaml", 64), "cifar10_quick": ("zoo/cifar10_quick.yaml", 100),
@@ -159,20 +161,7 @@ def bench_net(torch, name: str, device: str, reps: int, mode: str, folder: Path)
         model = model.to(tdev)
         x = torch.randn(batch, *shape, device=tdev)
         y = torch.randint(0, classes, (batch,), device=tdev)
-        if phase == "train":
-            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-            loss_fn = torch.nn.CrossEntropyLoss()
-
-            def torch_step():
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                opt.step()
-        else:
-            model.eval()
-
-            def torch_step():
-                with torch.no_grad():
-                    model(x)
+        torch_step = make_torch_step(torch, model, x, y, phase)
         if tdev == "cuda":
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()

@@ -11,18 +11,8 @@ from netrun.errors import NetrunError, ParseError
 from netrun.proto.defs import NetDef
 from netrun.proto.io import load_netdef, read_text, save_netdef
 from netrun.proto.pbtxt import netdef_from_text, netdef_to_text
-from tests.strategies import netdefs
+from tests.netdefs import canonical, netdefs
 
-
-def canonical(net: NetDef):
-    """A comparable form of a net: floats by repr, so NaN equals NaN and -0.0 differs from 0.0."""
-    def arg(v):
-        if isinstance(v, list):
-            return ("list", tuple(arg(x) for x in v))
-        return (type(v).__name__, repr(v) if isinstance(v, float) else v)
-    ops = tuple((o.type, o.inputs, o.outputs, tuple((k, arg(v)) for k, v in o.args.items()),
-                 o.name, o.device, o.engine) for o in net.ops)
-    return net.name, ops, tuple(net.external_inputs), tuple(net.external_outputs)
 
 
 SAMPLE = NetDef("lenet", [

@@ -1,4 +1,4 @@
-"""Hypothesis strategies shared by the format tests: random NetDefs with awkward names."""
+"""Shared by the format tests: random NetDefs with awkward names, and a way to compare nets."""
 from __future__ import annotations
 
 from hypothesis import strategies as st
@@ -22,3 +22,14 @@ def netdefs(tricky_names: list[str], int_range: tuple[int, int] | None = None):
         lambda t: t[0].with_(args=t[1]))
     return st.builds(NetDef, names, st.lists(ops, max_size=3), st.lists(names, max_size=3),
                      st.lists(names, max_size=3))
+
+
+def canonical(net: NetDef):
+    """A comparable form of a net: floats by repr, so NaN equals NaN and -0.0 differs from 0.0."""
+    def arg(v):
+        if isinstance(v, list):
+            return ("list", tuple(arg(x) for x in v))
+        return (type(v).__name__, repr(v) if isinstance(v, float) else v)
+    ops = tuple((o.type, o.inputs, o.outputs, tuple((k, arg(v)) for k, v in o.args.items()),
+                 o.name, o.device, o.engine) for o in net.ops)
+    return net.name, ops, tuple(net.external_inputs), tuple(net.external_outputs)
