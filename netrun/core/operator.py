@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from netrun.core.registry import find_kernel, kernel_backends
+from netrun.core.registry import find_kernel, find_preparer, kernel_backends
 from netrun.core.schema import Args, get_schema
 from netrun.errors import NetrunError, SchemaError, ShapeError
 from netrun.proto.defs import OperatorDef
@@ -70,6 +70,9 @@ class Operator:
                               f"(kernels exist for: {have})")
         self.ws = ws
         self.ctx = OpContext(def_, self.args, ws)
+        prepare = find_preparer(def_.type)
+        if prepare is not None:
+            prepare(self.ctx)
 
     def run(self) -> None:
         """Read the inputs from the workspace, run the kernel, store the outputs."""

@@ -11,6 +11,9 @@ from typing import Callable
 
 Kernel = Callable[..., object]
 _KERNELS: dict[tuple[str, str], Kernel] = {}
+# Per op type: fn(ctx) run when an operator of that type is bound (compiled kernels load
+# there, ahead of the first iteration).
+_PREPARERS: dict[str, Callable[..., None]] = {}
 
 
 def register_kernel(type: str, backend: str = "any") -> Callable[[Kernel], Kernel]:
@@ -33,3 +36,21 @@ def find_kernel(type: str, backend: str) -> Kernel | None:
 def kernel_backends(type: str) -> list[str]:
     """Backends that have a kernel for `type` ("any" means all)."""
     return sorted(b for (t, b) in _KERNELS if t == type)
+
+
+def register_preparer(*types: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorator: `fn(ctx)` runs when an operator of one of `types` is bound to a workspace."""
+
+    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
+        for t in types:
+            if t in _PREPARERS:
+                raise ValueError(f"preparer for {t} registered twice")
+            _PREPARERS[t] = fn
+        return fn
+
+    return wrap
+
+
+def find_preparer(type: str) -> Callable[..., None] | None:
+    """The function that prepares operators of `type` when they are bound, if any."""
+    return _PREPARERS.get(type)
