@@ -161,18 +161,27 @@ def applicable_algorithms(p: ConvProblem) -> list[ConvAlgorithm]:
 
 # The rule-based preference without timing, best first (measured on 2-core AVX-512 machines
 # with OpenBLAS; see benchmarks/bench_cpu.py): a depthwise conv runs directly, a 1×1 kernel is a
-# plain GEMM, a stride-1 (in height) conv is row-shifted GEMMs on a kw-expanded copy (kw× less
-# copying than im2col) unless their contraction C/G·kw is too thin for an efficient GEMM (first
-# layers: C = 1 or 3), everything else im2col + GEMM. Winograd and FFT win only for some shapes;
+# plain GEMM; a stride-1 conv whose Fourier form (dft_gemm) needs at most DFT_MAX_FLOP_RATIO of
+# the direct flops runs that way (5×5 kernels on CIFAR/LeNet-sized images: 0.2-0.4); otherwise
+# a stride-1 (in height) conv is row-shifted GEMMs on a kw-expanded copy (kw× less copying than
+# im2col) unless their contraction C/G·kw is too thin for an efficient GEMM (first layers:
+# C = 1 or 3), and everything else im2col + GEMM. Winograd and FFT win only for some shapes;
 # exhaustive search finds those.
 SHIFT_MIN_CONTRACTION = 32
+DFT_MAX_FLOP_RATIO = 0.5
 
 
 def preference(p: ConvProblem) -> tuple[str, ...]:
     """Algorithm names in the heuristic's order of preference for p."""
+    from netrun.algos.dft import model_flops
+
+    first: tuple[str, ...] = ("depthwise", "gemm_1x1")
+    direct = 2 * p.n * p.k * p.cg * p.kh * p.kw * p.oh * p.ow
+    if p.sh == p.sw == 1 and model_flops(p) <= DFT_MAX_FLOP_RATIO * direct:
+        first += ("dft_gemm",)
     if p.cg * p.kw >= SHIFT_MIN_CONTRACTION:
-        return ("depthwise", "gemm_1x1", "shift_gemm", "im2col_gemm")
-    return ("depthwise", "gemm_1x1", "im2col_gemm", "shift_gemm")
+        return first + ("shift_gemm", "im2col_gemm")
+    return first + ("im2col_gemm", "shift_gemm")
 
 
 def heuristic_choice(p: ConvProblem, direction: str = "forward",
@@ -323,4 +332,4 @@ def _col2im(xp, col, p: ConvProblem, out, scratch: Scratch) -> None:
 
 
 # The other algorithms live in netrun.algos, one module each, and register themselves here.
-from netrun.algos import depthwise, fft, gemm1x1, shift, winograd  # noqa: E402,F401
+from netrun.algos import depthwise, dft, fft, gemm1x1, shift, winograd  # noqa: E402,F401

@@ -18,6 +18,7 @@ CONSTRAINTS = {
     "gemm_1x1": {"kernel": 1, "pads": False, "dilation": 1},
     "shift_gemm": {"stride_h": 1},
     "fft": {"stride": 1},
+    "dft_gemm": {"stride": 1},
     "winograd_f2x2": {"kernel": 3, "stride": 1, "dilation": 1},
     "winograd_f4x4": {"kernel": 3, "stride": 1, "dilation": 1},
     "depthwise": {"depthwise": True},
@@ -93,6 +94,7 @@ OUTSIDE = {   # a problem just outside each algorithm's constraints
     "gemm_1x1": ConvProblem(2, 4, 5, 5, 4, 1, 1, pt=1),
     "shift_gemm": ConvProblem(2, 4, 5, 5, 4, 3, 3, sh=2),
     "fft": ConvProblem(2, 4, 5, 5, 4, 3, 3, sw=2),
+    "dft_gemm": ConvProblem(2, 4, 5, 5, 4, 3, 3, sh=2),
     "winograd_f2x2": ConvProblem(2, 4, 5, 5, 4, 3, 3, dh=2),
     "winograd_f4x4": ConvProblem(2, 4, 7, 7, 4, 5, 5),
     "depthwise": ConvProblem(2, 4, 5, 5, 4, 3, 3, group=2),
@@ -167,6 +169,7 @@ def test_im2col_blocks_over_the_batch(monkeypatch):
 
 @pytest.mark.parametrize("name,module", [("shift_gemm", "netrun.algos.shift"),
                                          ("winograd_f4x4", "netrun.algos.winograd"),
+                                         ("dft_gemm", "netrun.algos.dft"),
                                          ("depthwise", "netrun.algos.depthwise")])
 def test_blocked_algorithms_agree_across_block_sizes(name, module, monkeypatch):
     """One image per block and the whole batch in one block give the same answer."""
@@ -219,7 +222,7 @@ def test_algorithms_agree_when_the_batch_is_split_across_threads(name, monkeypat
     calls = []
     real = parallel.chunks
     monkeypatch.setattr(parallel, "chunks", lambda *a, **k: calls.append(1) or real(*a, **k))
-    for module in ("netrun.ops.conv_algos", "netrun.algos.shift"):
+    for module in ("netrun.ops.conv_algos", "netrun.algos.shift", "netrun.algos.dft"):
         import importlib
 
         monkeypatch.setattr(importlib.import_module(module), "chunks", parallel.chunks)
@@ -230,7 +233,7 @@ def test_algorithms_agree_when_the_batch_is_split_across_threads(name, monkeypat
     got, refs = run_all(ALGORITHMS[name], p, 4)
     for what, a, r in zip(DIRECTIONS, got, refs):
         np.testing.assert_allclose(a, r, rtol=1e-10, atol=1e-10, err_msg=f"{name} {what}")
-    if name in ("im2col_gemm", "shift_gemm", "depthwise"):
+    if name in ("im2col_gemm", "shift_gemm", "depthwise", "dft_gemm"):
         assert calls, f"{name} did not go through parallel.chunks"
 
 

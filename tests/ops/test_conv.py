@@ -317,7 +317,13 @@ def test_heuristic_and_applicability():
     assert [a.name for a in applicable_algorithms(strided)] == ["im2col_gemm"]
     assert {a.name for a in applicable_algorithms(one)} == {"im2col_gemm", "gemm_1x1"}
     assert {a.name for a in applicable_algorithms(three)} == {
-        "im2col_gemm", "shift_gemm", "fft", "winograd_f2x2", "winograd_f4x4"}
+        "im2col_gemm", "shift_gemm", "fft", "dft_gemm", "winograd_f2x2", "winograd_f4x4"}
+    # 5×5 on small images: the Fourier form needs a quarter of the flops (CIFAR's conv2) ...
+    assert heuristic_choice(ConvProblem(100, 32, 16, 16, 32, 5, 5, 1, 1, 2, 2, 2, 2)).name \
+        == "dft_gemm"
+    # ... but not with 3 input channels, where the inverse transforms dominate (its conv1)
+    assert heuristic_choice(ConvProblem(100, 3, 32, 32, 32, 5, 5, 1, 1, 2, 2, 2, 2)).name \
+        == "im2col_gemm"
     assert all(a.deterministic for a in ALGORITHMS.values())
 
 
