@@ -51,15 +51,27 @@ BLOCK_BYTES = 16 << 20
 MAX_GRID = 64
 
 
+# Flop-equivalents charged per byte a transform's transposes move (strided copies run at a
+# few GB/s per core where GEMMs run at 80+ GFLOP/s).
+BYTE_COST = 8
+
+
 def model_flops(p: ConvProblem) -> int:
-    """Flops of a forward pass this way (transforms, product, inverse), for the heuristic."""
+    """Flop-equivalents of a forward pass this way, for the heuristic: the transforms of the
+    data and of the filter (whose spectrum, F·K·C/G complex values, dwarfs the filter itself
+    on small grids), the per-frequency product, and the inverse, with its copies charged."""
     pp, qq = grid(p)
     v = qq // 2 + 1
     n, c, k = p.n, p.c, p.k
+    item = p.itemsize
     spectrum = 4 * n * c * p.h * p.w * v + 8 * pp * p.h * n * c * v
+    filt = 4 * k * p.cg * p.kh * p.kw * v + 8 * pp * p.kh * k * p.cg * v
     image = 8 * p.oh * pp * v * n * k + 4 * n * k * p.oh * v * p.ow
     product = 8 * pp * v * k * p.cg * n
-    return spectrum + image + product
+    moved = (n * c * p.h * p.w + 2 * 2 * pp * v * n * c        # x transposed, X̂ reordered
+             + 2 * 2 * p.oh * v * n * k                          # the inverse's reorder
+             + 3 * 2 * pp * v * k * p.cg) * item                 # the filter spectrum's
+    return spectrum + filt + image + product + BYTE_COST * moved
 
 
 def grid(p: ConvProblem) -> tuple[int, int]:

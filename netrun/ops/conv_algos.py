@@ -161,14 +161,16 @@ def applicable_algorithms(p: ConvProblem) -> list[ConvAlgorithm]:
 
 # The rule-based preference without timing, best first (measured on 2-core AVX-512 machines
 # with OpenBLAS; see benchmarks/bench_cpu.py): a depthwise conv runs directly, a 1×1 kernel is a
-# plain GEMM; a stride-1 conv whose Fourier form (dft_gemm) needs at most DFT_MAX_FLOP_RATIO of
-# the direct flops runs that way (5×5 kernels on CIFAR/LeNet-sized images: 0.2-0.4); otherwise
+# plain GEMM; a stride-1 conv whose Fourier form (dft_gemm) costs at most DFT_MAX_FLOP_RATIO of
+# the direct flops (its model charges copies and the filter spectrum too) runs that way: 5×5
+# kernels on CIFAR/LeNet-sized images at 0.4-0.7, not a 3×3 layer of 256 channels on 14×14
+# (about 1.0: its filter spectrum is 16× the filter) nor first layers (C = 1 or 3: 2-6); otherwise
 # a stride-1 (in height) conv is row-shifted GEMMs on a kw-expanded copy (kw× less copying than
 # im2col) unless their contraction C/G·kw is too thin for an efficient GEMM (first layers:
 # C = 1 or 3), and everything else im2col + GEMM. Winograd and FFT win only for some shapes;
 # exhaustive search finds those.
 SHIFT_MIN_CONTRACTION = 32
-DFT_MAX_FLOP_RATIO = 0.5
+DFT_MAX_FLOP_RATIO = 0.75
 
 
 def preference(p: ConvProblem) -> tuple[str, ...]:
