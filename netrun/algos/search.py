@@ -113,7 +113,8 @@ def directions_of(op: Any) -> list[str]:
 
 def compare_algorithms(target: Any, backend: Any = None, direction: str | None = None,
                        workspace_limit: int | None = None) -> list[tuple[str, float]]:
-    """(algorithm, ms) for every applicable algorithm, fastest first; nothing is cached.
+    """(algorithm, ms) for every algorithm of the backend that applies, fastest first; nothing
+    is cached.
 
     `target` is a ConvProblem, or a conv Operator of a bound net that has run once (its
     problem and directions come from its state; the times are summed over its directions).
@@ -143,7 +144,7 @@ def compare_algorithms(target: Any, backend: Any = None, direction: str | None =
     settings = AlgoSettings(workspace_limit=workspace_limit)
     results = []
     for algo in applicable_algorithms(p):
-        if not settings.allows(algo.workspace_bytes(p)):
+        if backend.name not in algo.backends or not settings.allows(algo.workspace_bytes(p)):
             continue
         total = 0.0
         for d in directions:

@@ -108,6 +108,7 @@ class ConvAlgorithm:
     name = ""
     deterministic = True   # same bits on every run (no atomics / reordering by timing)
     summary = ""           # one line for `netrun algos` and profiles
+    backends = ("cpu",)    # the backends whose searches and comparisons time it
 
     def applicable(self, p: ConvProblem) -> bool:
         """Whether this algorithm handles the problem."""
@@ -335,3 +336,4 @@ def _col2im(xp, col, p: ConvProblem, out, scratch: Scratch) -> None:
 
 # The other algorithms live in netrun.algos, one module each, and register themselves here.
 from netrun.algos import depthwise, dft, fft, gemm1x1, shift, winograd  # noqa: E402,F401
+from netrun.algos import jit_depthwise  # noqa: E402,F401

@@ -231,6 +231,21 @@ def test_compare_algorithms_for_a_problem_and_for_a_bound_op():
         algos.compare_algorithms(SimpleNet(netrun.NetDef("m", [grad_op.def_]), ws).ops[0])
 
 
+def test_compare_algorithms_times_only_the_backends_own_algorithms():
+    """On another backend (a GPU) the CPU algorithms are not timed, though they would run."""
+    from netrun.backends import get_backend
+
+    class Other:
+        name, device, device_name = "gpu", "cpu", "stand-in"
+
+        def __getattr__(self, attr):
+            return getattr(get_backend("cpu"), attr)
+
+    p = ConvProblem(2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1)
+    assert algos.compare_algorithms(p, backend=Other()) == []
+    assert algos.compare_algorithms(p, backend="cpu")
+
+
 def test_configure_checks_its_arguments():
     ws = netrun.Workspace()
     with pytest.raises(ConfigError, match="unknown algorithm mode 'exhaustiv'.*'exhaustive'"):
