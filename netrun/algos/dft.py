@@ -143,8 +143,18 @@ class DFTGemm(ConvAlgorithm):
         chunks(xp, p.n, work, work=p.n * p.c * p.h * p.w * 8)
 
     def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
+        self._gradients(xp, x, dy, None, p, None, out, scratch, dbias)
+
+    def backward(self, xp, x, dy, w, p, dx, dw, scratch, dbias=None):
+        # dŶ is transformed once for both gradients
+        self._gradients(xp, x, dy, w, p, dx, dw, scratch, dbias)
+
+    def _gradients(self, xp, x, dy, w, p, dx, dw, scratch, dbias) -> None:
+        """dw (and dbias), and dx too unless it is None, from one pass over the blocks."""
         pp, qq = grid(p)
         f = pp * (qq // 2 + 1)
+        if dx is not None:   # Ŵ[f]ᵀ per group: (F, G, C/G, K/G)
+            wt = _filter_spectrum(xp, w, p, scratch, conjugate=False).transpose(0, 1, 3, 2)
         parts = []
 
         def work(index, c0, c1):
@@ -154,6 +164,10 @@ class DFTGemm(ConvAlgorithm):
                 b = n1 - n0
                 xf = _spectrum(xp, x[n0:n1], p, (p.pt, p.pl), s, "x")     # (P, V, C, b)
                 dyf = _spectrum(xp, dy[n0:n1], p, (0, 0), s, "dy")       # (P, V, K, b)
+                if dx is not None:
+                    dxf = s("dft.dx", (f, p.group, p.cg, b), dyf.dtype)
+                    xp.matmul(wt, dyf.reshape(f, p.group, p.kg, b), out=dxf)
+                    _image(xp, dxf.reshape(pp, -1, p.c, b), p, (p.pt, p.pl), dx[n0:n1], s)
                 xp.conjugate(dyf, out=dyf)
                 # dŴ[f] (G, K/G, C/G) = conj(dŶ[f]) (G, K/G, b) @ X̂[f]ᵀ (G, b, C/G)
                 lhs = dyf.reshape(f, p.group, p.kg, b)
@@ -176,7 +190,7 @@ class DFTGemm(ConvAlgorithm):
         # grid position (i·dh, j·dw).
         taps = scratch("dft.taps", (p.cg, p.k, p.kh, p.kw), x.dtype)
         _image(xp, total.reshape(pp, -1, p.k, p.cg), p, (0, 0), taps, scratch, kernel=True)
-        out[...] = taps.transpose(1, 0, 2, 3)
+        dw[...] = taps.transpose(1, 0, 2, 3)
         sum_bias(xp, dy, dbias)
 
 

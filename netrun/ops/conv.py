@@ -255,15 +255,22 @@ def _backward(ctx, X, W, dY) -> None:
     x, w, dy = (_to_nchw(ctx, k, a, nhwc) for k, a in (("x", X), ("w", W), ("dy", dY)))
     dW = ctx.output(0, W.shape, W.dtype)
     db = None if ctx.args.no_bias else ctx.output(1, (dY.shape[3 if nhwc else 1],), dY.dtype)
+    index = 1 if db is None else 2
+    wants_dx = len(ctx.def_.outputs) > index
+    dX = ctx.output(index, X.shape, X.dtype) if wants_dx else None
+    if ctx.def_.type == "ConvGradient" and wants_dx and not nhwc:
+        both = (_algo(ctx, problem, "backward_filter", (x, dy), dW),
+                _algo(ctx, problem, "backward_data", (dy, w), dX))
+        if both[0] is both[1]:   # one algorithm for both: it may share work between them
+            both[0].backward(xp, x, dy, w, problem, dX, dW, ctx.scratch, dbias=db)
+            return
     if ctx.def_.type == "ConvGradient":   # db = Σ dY comes with the filter gradient
         _run(ctx, dW, nhwc, "backward_filter", problem, (x, dy), dbias=db)
     else:   # ConvTranspose: the equivalent conv's input is dY and its output gradient is X
         _run(ctx, dW, nhwc, "backward_filter", problem, (dy, x))
         if db is not None:
             xp.sum(dY, axis=(0, 1, 2) if nhwc else (0, 2, 3), out=db)
-    index = 1 if db is None else 2
-    if len(ctx.def_.outputs) > index:
-        dX = ctx.output(index, X.shape, X.dtype)
+    if wants_dx:
         if ctx.def_.type == "ConvGradient":
             _run(ctx, dX, nhwc, "backward_data", problem, (dy, w))
         else:

@@ -131,6 +131,13 @@ class ConvAlgorithm:
         """out (K, C/G, kh, kw) = gradient with respect to w (and dbias (K,) = Σ dy if given)."""
         raise NotImplementedError
 
+    def backward(self, xp, x, dy, w, p: ConvProblem, dx, dw, scratch: Scratch,
+                 dbias=None) -> None:
+        """Both gradients, when this algorithm was chosen for both directions; algorithms that
+        share work between them (a transform of dy) override it."""
+        self.backward_filter(xp, x, dy, p, dw, scratch, dbias=dbias)
+        self.backward_data(xp, dy, w, p, dx, scratch)
+
 
 def add_bias(xp, out, bias) -> None:
     """out (N, K, ...) += bias (K,): for algorithms that cannot fold the bias into a GEMM."""
@@ -336,4 +343,3 @@ def _col2im(xp, col, p: ConvProblem, out, scratch: Scratch) -> None:
 
 # The other algorithms live in netrun.algos, one module each, and register themselves here.
 from netrun.algos import depthwise, dft, fft, gemm1x1, shift, winograd  # noqa: E402,F401
-from netrun.algos import jit_depthwise  # noqa: E402,F401

@@ -83,6 +83,32 @@ def test_every_algorithm_matches_the_reference(name, data):
                                    err_msg=f"{name} {what} on {p.describe()}")
 
 
+@pytest.mark.parametrize("name", sorted(CONSTRAINTS))
+@settings(max_examples=8, deadline=None)
+@given(data=st.data())
+def test_both_gradients_at_once_match_the_reference(name, data):
+    """`backward` (used when one algorithm was chosen for both directions; dft_gemm
+    transforms dY once for both) gives the two gradients and db."""
+    algo = ALGORITHMS[name]
+    p, seed = data.draw(problems(**CONSTRAINTS[name]))
+    (_, dx_ref, dw_ref, db_ref), x, w, dy = _gradient_refs(p, seed)
+    dx, dw, db = (np.full(a.shape, np.nan, p.dtype) for a in (x, w, db_ref))
+    algo.backward(np, x, dy, w, p, dx, dw, netrun.Workspace().scratch, dbias=db)
+    for what, a, r in (("dx", dx, dx_ref), ("dw", dw, dw_ref), ("db", db, db_ref)):
+        np.testing.assert_allclose(a, r, rtol=1e-9, atol=1e-9,
+                                   err_msg=f"{name} {what} on {p.describe()}")
+
+
+def _gradient_refs(p: ConvProblem, seed: int):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((p.n, p.c, p.h, p.w)).astype(p.dtype)
+    w = rng.standard_normal((p.k, p.cg, p.kh, p.kw)).astype(p.dtype)
+    dy = rng.standard_normal((p.n, p.k, p.oh, p.ow)).astype(p.dtype)
+    _, grads = ref_conv(x, w, (p.sh, p.sw), (p.pt, p.pl, p.pb, p.pr), (p.dh, p.dw), p.group)
+    dx_ref, dw_ref = grads(dy)
+    return (None, dx_ref, dw_ref, dy.sum((0, 2, 3))), x, w, dy
+
+
 def test_every_algorithm_has_a_strategy():
     from netrun.algos.gpu import GPUAlgorithm
 
