@@ -77,16 +77,19 @@ def backward(xp, scratch: Scratch, g: ConvGeometry, x, dy, dx) -> None:
 
 
 def _route(xp, scratch: Scratch, key: str, taps: list, grad, outs: list, shape) -> None:
-    """outs[k] = grad where tap k holds the first maximum of the taps, else 0."""
-    if len(taps) == 1:
-        xp.copyto(outs[0], grad)
-        return
+    """outs[k] = grad where tap k holds the first maximum of the taps, else 0 (nowhere when
+    the maximum is NaN, as in netrun.ops.pool)."""
     hit = scratch(f"tiled_pool.{key}.hit", shape, "bool")
+    if len(taps) == 1:
+        xp.equal(taps[0], taps[0], out=hit)      # False where NaN
+        xp.multiply(grad, hit, out=outs[0])
+        return
     if len(taps) == 2:
-        # the second tap wins only if strictly greater: ties stay with the first
+        # the second tap wins only if strictly greater: ties stay with the first; with a
+        # NaN both comparisons are False
         xp.greater(taps[1], taps[0], out=hit)
         xp.multiply(grad, hit, out=outs[1])
-        xp.logical_not(hit, out=hit)
+        xp.greater_equal(taps[0], taps[1], out=hit)
         xp.multiply(grad, hit, out=outs[0])
         return
     top = scratch(f"tiled_pool.{key}.top", shape, taps[0].dtype)

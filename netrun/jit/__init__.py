@@ -9,6 +9,11 @@ Kernels are declared with `@kernel` in modules under netrun.jit. Numba is import
 a kernel is first compiled, so `import netrun` stays fast; compiled code is cached on disk
 (`cache=True`) and `prepare` loads it when a net is built, not inside its first iteration.
 Kernels release the GIL (`nogil=True`): netrun.algos.parallel runs them on its threads.
+
+What keeps LLVM from vectorizing a loop here: signed indices (Numba checks them for negative
+wrap-around; unsigned np.uint64 indices avoid it), float division (checked for zero on every
+call; multiply by a reciprocal), and helper calls with constant arguments compile one
+specialization per constant.
 """
 from __future__ import annotations
 
@@ -79,6 +84,14 @@ class Kernel:
 
     def __call__(self, *args):
         return self.compiled(*args)
+
+    @property
+    def _numba_type_(self):
+        # Numba asks this of globals a kernel calls: another kernel is typed as its
+        # dispatcher, so kernels can share compiled helpers.
+        from numba.core import types
+
+        return types.Dispatcher(self.compiled)
 
     def prepare(self, *signatures: str) -> None:
         """Compile (or load from the disk cache) these Numba signatures now."""

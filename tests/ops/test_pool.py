@@ -1,6 +1,12 @@
-"""MaxPool and AveragePool: Caffe's rules, PyTorch, finite differences, shapes, errors."""
+"""MaxPool and AveragePool: Caffe's rules, PyTorch, finite differences, shapes, errors.
+
+Tests that take `engine` run twice: in float32 with the default engine (netrun.jit's compiled
+kernels when Numba is installed) and in float64 with the pure NumPy path, each against a
+reference. Finite-difference checks need float64, which always runs the NumPy path.
+"""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -8,12 +14,30 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import netrun
+from netrun import jit
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import SchemaError, ShapeError
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
 
 FEW = settings(max_examples=20, deadline=None)
 TYPES = {"max": "MaxPool", "avg": "AveragePool"}
+ENGINES = pytest.mark.parametrize("engine", ["compiled", "numpy"])
+
+
+def _engine(name: str):
+    """The context that runs the NumPy path ("numpy") or the default engine ("compiled")."""
+    return jit.disabled() if name == "numpy" else contextlib.nullcontext()
+
+
+def _as(engine: str, *arrays):
+    """The arrays in the engine's dtype: float32 for the compiled kernels, else float64."""
+    dtype = np.float32 if engine == "compiled" else np.float64
+    return tuple(np.asarray(a).astype(dtype) for a in arrays)
+
+
+def _tol(engine: str) -> dict:
+    """Tolerances against float64 references for the engine's dtype."""
+    return dict(rtol=1e-5, atol=1e-5) if engine == "compiled" else dict(rtol=1e-12, atol=1e-12)
 
 
 def ref_pool(x, kind, kernel, stride, pads, ceil, count_include_pad=True):
@@ -97,22 +121,25 @@ def _nhwc(a):
     return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
 
 
+@ENGINES
 @FEW
 @given(pool_cases(), st.sampled_from(["NCHW", "NHWC"]))
-def test_pool_matches_caffe_reference(case, order):
+def test_pool_matches_caffe_reference(engine, case, order):
     kind, args, shape, seed = case
     x = _untied(shape, seed)
     y_ref, grad = _ref_for(kind, args, x)
     dy = np.random.default_rng(seed).standard_normal(y_ref.shape)
+    x, dy = _as(engine, x, dy)          # the references stay float64
     op = netrun.op(TYPES[kind], ["X"], ["Y"], order=order, **args)
-    if order == "NHWC":
-        outs, grads = netrun_forward_backward(op, {"X": _nhwc(x)}, _nhwc(dy))
-        y, dx = outs[0].transpose(0, 3, 1, 2), grads["X"].transpose(0, 3, 1, 2)
-    else:
-        outs, grads = netrun_forward_backward(op, {"X": x}, dy)
-        y, dx = outs[0], grads["X"]
-    np.testing.assert_allclose(y, y_ref, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(dx, grad(dy), rtol=1e-12, atol=1e-12)
+    with _engine(engine):
+        if order == "NHWC":
+            outs, grads = netrun_forward_backward(op, {"X": _nhwc(x)}, _nhwc(dy))
+            y, dx = outs[0].transpose(0, 3, 1, 2), grads["X"].transpose(0, 3, 1, 2)
+        else:
+            outs, grads = netrun_forward_backward(op, {"X": x}, dy)
+            y, dx = outs[0], grads["X"]
+    np.testing.assert_allclose(y, y_ref, **_tol(engine))
+    np.testing.assert_allclose(dx, grad(dy.astype(np.float64)), **_tol(engine))
 
 
 @FEW
@@ -181,16 +208,19 @@ def test_global_pooling_reduces_the_whole_image():
         np.testing.assert_allclose(y, reduce(_nhwc(x), axis=(1, 2), keepdims=True), rtol=1e-12)
 
 
-def test_max_pool_ties_go_to_the_first_tap():
-    x = np.ones((1, 1, 3, 3))
+@ENGINES
+def test_max_pool_ties_go_to_the_first_tap(engine):
+    x, dy = _as(engine, np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2)))
     op = netrun.op("MaxPool", ["X"], ["Y"], kernel=2, stride=1)
-    _, grads = netrun_forward_backward(op, {"X": x}, np.ones((1, 1, 2, 2)))
+    with _engine(engine):
+        _, grads = netrun_forward_backward(op, {"X": x}, dy)
     # each of the 4 overlapping windows routes to its top-left element
     np.testing.assert_array_equal(grads["X"][0, 0], [[1, 1, 0], [1, 1, 0], [0, 0, 0]])
 
 
+@ENGINES
 @pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2), (2, 3), (3, 3)])
-def test_max_pool_gradient_with_some_tied_windows(kernel, stride):
+def test_max_pool_gradient_with_some_tied_windows(kernel, stride, engine):
     """A few tied windows (ReLU zeros) among distinct values: disjoint and overlapping
     windows, and uncovered pixels, against a loop that routes to the first maximum."""
     x = _untied((2, 3, 8, 7), 5)
@@ -198,20 +228,24 @@ def test_max_pool_gradient_with_some_tied_windows(kernel, stride):
     x[1, 2, 2:5, 1:6] = -3.0
     op = netrun.op("MaxPool", ["X"], ["Y"], kernel=kernel, stride=stride)
     dy_shape = (2, 3, (8 - kernel) // stride + 1, (7 - kernel) // stride + 1)
-    dy = np.random.default_rng(2).standard_normal(dy_shape)
-    _, grads = netrun_forward_backward(op, {"X": x}, dy)
+    x, dy = _as(engine, x, np.random.default_rng(2).standard_normal(dy_shape))
+    with _engine(engine):
+        _, grads = netrun_forward_backward(op, {"X": x}, dy)
     ref = np.zeros_like(x)
     for n, c, r, q in np.ndindex(*dy_shape):
         window = x[n, c, r * stride:r * stride + kernel, q * stride:q * stride + kernel]
         i, j = np.unravel_index(np.argmax(window), window.shape)   # first maximum, row-major
         ref[n, c, r * stride + i, q * stride + j] += dy[n, c, r, q]
-    np.testing.assert_allclose(grads["X"], ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads["X"], ref, **_tol(engine))
 
 
-def test_max_pool_padding_never_wins():
-    x = -1.0 - np.random.default_rng(1).random((1, 2, 3, 3))
+@ENGINES
+def test_max_pool_padding_never_wins(engine):
+    x, dy = _as(engine, -1.0 - np.random.default_rng(1).random((1, 2, 3, 3)),
+                np.ones((1, 2, 3, 3)))
     op = netrun.op("MaxPool", ["X"], ["Y"], kernel=3, stride=1, pad=2 - 1)
-    outs, grads = netrun_forward_backward(op, {"X": x}, np.ones((1, 2, 3, 3)))
+    with _engine(engine):
+        outs, grads = netrun_forward_backward(op, {"X": x}, dy)
     assert (outs[0] < -1).all()
     assert grads["X"].sum() == 2 * 9   # every window's gradient lands inside the image
 
@@ -305,11 +339,12 @@ def test_too_small_input_is_a_shape_error():
                {"X": np.ones((1, 1, 2, 2))})
 
 
+@ENGINES
 @pytest.mark.parametrize("kind,args", [("max", dict(kernel=3, stride=2, legacy_pad=3)),
                                        ("max", dict(kernel=2, stride=2)),
                                        ("avg", dict(kernel=3, stride=2, pad=1)),
                                        ("avg", dict(kernel=3, stride=1, pad=1))])
-def test_pooling_split_across_threads_gives_the_same_bits(kind, args, monkeypatch):
+def test_pooling_split_across_threads_gives_the_same_bits(kind, args, engine, monkeypatch):
     """Blocks of images on worker threads (an uneven split, tiny blocks) change nothing."""
     from netrun.algos import parallel
     from netrun.ops import pool as pool_module
@@ -318,12 +353,13 @@ def test_pooling_split_across_threads_gives_the_same_bits(kind, args, monkeypatc
     x[1, 1, :3, :3] = 0.0    # a few tied windows: the exact path runs for some blocks
     op = netrun.op(TYPES[kind], ["X"], ["Y"], **args)
     y_shape = run_op(op, {"X": x})[0].shape
-    dy = np.random.default_rng(4).standard_normal(y_shape)
-    plain = netrun_forward_backward(op, {"X": x}, dy)
-    monkeypatch.setattr(parallel, "thread_count", lambda: 3)
-    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 0)
-    monkeypatch.setattr(pool_module, "BLOCK_BYTES", 1)     # one image per block
-    split = netrun_forward_backward(op, {"X": x}, dy)
+    x, dy = _as(engine, x, np.random.default_rng(4).standard_normal(y_shape))
+    with _engine(engine):
+        plain = netrun_forward_backward(op, {"X": x}, dy)
+        monkeypatch.setattr(parallel, "thread_count", lambda: 3)
+        monkeypatch.setattr(parallel, "MIN_ELEMENTS", 0)
+        monkeypatch.setattr(pool_module, "BLOCK_BYTES", 1)     # one image per block
+        split = netrun_forward_backward(op, {"X": x}, dy)
     np.testing.assert_array_equal(split[0][0], plain[0][0])
     np.testing.assert_array_equal(split[1]["X"], plain[1]["X"])
 
@@ -339,8 +375,9 @@ def _first_max_reference(x, dy, kh, kw):
     return ref
 
 
+@ENGINES
 @pytest.mark.parametrize("kh,kw", [(2, 2), (3, 3), (2, 3), (1, 2), (3, 1)])
-def test_tiled_max_pool_ties_go_to_the_first_tap_in_row_major_order(kh, kw):
+def test_tiled_max_pool_ties_go_to_the_first_tap_in_row_major_order(kh, kw, engine):
     """Tiles with ties, including the case that separable routing in the wrong order gets
     wrong: the maximum at (0, 1) and (1, 0) but not (0, 0) must go to (0, 1)."""
     from netrun.algos import tiled_pool
@@ -354,8 +391,9 @@ def test_tiled_max_pool_ties_go_to_the_first_tap_in_row_major_order(kh, kw):
         x[0, 1, 0, 1] = x[0, 1, 1, 0] = 9.0          # tie between (0, 1) and (1, 0)
     x[1, 2, :, kw:2 * kw] = 4.0                      # a column of tied tiles
     op = netrun.op("MaxPool", ["X"], ["Y"], kernel_h=kh, kernel_w=kw, stride_h=kh, stride_w=kw)
-    dy = np.random.default_rng(3).standard_normal((2, 3, 2, 3))
-    outs, grads = netrun_forward_backward(op, {"X": x}, dy)
+    x, dy = _as(engine, x, np.random.default_rng(3).standard_normal((2, 3, 2, 3)))
+    with _engine(engine):
+        outs, grads = netrun_forward_backward(op, {"X": x}, dy)
     np.testing.assert_array_equal(outs[0], x.reshape(2, 3, 2, kh, 3, kw).max(axis=(3, 5)))
     np.testing.assert_array_equal(grads["X"], _first_max_reference(x, dy, kh, kw))
 
