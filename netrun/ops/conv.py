@@ -14,7 +14,8 @@ out when nobody wants it (the first conv of a net), so its presence is the outpu
 from __future__ import annotations
 
 from netrun.core.gradient import register_gradient
-from netrun.core.registry import register_kernel
+from netrun import jit
+from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError, suggest
 from netrun.ops.conv_algos import ALGORITHMS, ConvProblem, select_algorithm
@@ -283,6 +284,20 @@ def _maker(g) -> list:
     outs = [g.GI(1)] + ([g.GI(2)] if has_bias else []) + ([g.GI(0)] if g.needs(0) else [])
     args = {**g.copy_args(), "no_bias": int(not has_bias)}
     return [g.op(f"{g.def_.type}Gradient", [g.I(0), g.I(1), g.GO(0)], outs, **args)]
+
+
+# The compiled kernels an algorithm may call load when a conv op is bound, not inside its first
+# iteration (Numba's disk cache takes a few hundred ms per process).
+@register_preparer("Conv", "ConvGradient", "ConvTranspose", "ConvTransposeGradient")
+def _prepare(ctx) -> None:
+    if not jit.enabled(ctx.xp):
+        return
+    from netrun.algos import jit_depthwise
+    from netrun.jit import im2col
+
+    jit_depthwise.prepare(ctx.args)
+    if ctx.args.group == 1 and ctx.args.algo in ("", "im2col_gemm"):
+        im2col.prepare()
 
 
 # Conv -------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from netrun import jit
 from netrun.algos.parallel import chunk_scratch, chunks
 from netrun.errors import ShapeError
 from netrun.ops.geometry import ConvGeometry, pad_into, window_slices
@@ -168,7 +169,8 @@ def applicable_algorithms(p: ConvProblem) -> list[ConvAlgorithm]:
 
 
 # The rule-based preference without timing, best first (measured on 2-core AVX-512 machines
-# with OpenBLAS; see benchmarks/bench_cpu.py): a depthwise conv runs directly, a 1×1 kernel is a
+# with OpenBLAS; see benchmarks/bench_cpu.py): a depthwise conv runs directly (compiled when
+# the engine is there: 3× the NumPy loops), a 1×1 kernel is a
 # plain GEMM; a stride-1 conv whose Fourier form (dft_gemm) costs at most DFT_MAX_FLOP_RATIO of
 # the direct flops (its model charges copies and the filter spectrum too) runs that way: 5×5
 # kernels on CIFAR/LeNet-sized images at 0.4-0.7, not a 3×3 layer of 256 channels on 14×14
@@ -185,7 +187,7 @@ def preference(p: ConvProblem) -> tuple[str, ...]:
     """Algorithm names in the heuristic's order of preference for p."""
     from netrun.algos.dft import model_flops
 
-    first: tuple[str, ...] = ("depthwise", "gemm_1x1")
+    first: tuple[str, ...] = ("depthwise_jit", "depthwise", "gemm_1x1")
     direct = 2 * p.n * p.k * p.cg * p.kh * p.kw * p.oh * p.ow
     if p.sh == p.sw == 1 and model_flops(p) <= DFT_MAX_FLOP_RATIO * direct:
         first += ("dft_gemm",)
@@ -305,6 +307,10 @@ def _blocks(start: int, stop: int, size: int):
 
 def _im2col(xp, x, p: ConvProblem, scratch: Scratch, batch_inner: bool):
     """Columns of a block of images: (b, C, kh, kw, oH, oW), or (C, kh, kw, b, oH, oW)."""
+    if jit.enabled(xp):   # one compiled pass, padding included (same values)
+        from netrun.jit.im2col import im2col
+
+        return im2col(x, p, scratch, batch_inner)
     b = x.shape[0]
     src = x
     if p.padded:
@@ -326,6 +332,11 @@ def _im2col(xp, x, p: ConvProblem, scratch: Scratch, batch_inner: bool):
 
 def _col2im(xp, col, p: ConvProblem, out, scratch: Scratch) -> None:
     """Scatter-add columns (b, C, kh, kw, oH, oW) back to images: one strided add per tap."""
+    if jit.enabled(xp):   # one compiled pass, taps added in the same order (same bits)
+        from netrun.jit.im2col import col2im
+
+        col2im(col, p, out)
+        return
     b = col.shape[0]
     g = p.geometry
     if p.padded:
@@ -343,3 +354,4 @@ def _col2im(xp, col, p: ConvProblem, out, scratch: Scratch) -> None:
 
 # The other algorithms live in netrun.algos, one module each, and register themselves here.
 from netrun.algos import depthwise, dft, fft, gemm1x1, shift, winograd  # noqa: E402,F401
+from netrun.algos import jit_depthwise  # noqa: E402,F401

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import netrun
+from netrun import jit
 from netrun.algos import fft as fft_module
 from netrun.ops import conv_algos
 from netrun.ops.conv_algos import ALGORITHMS, ConvProblem
@@ -22,6 +23,7 @@ CONSTRAINTS = {
     "winograd_f2x2": {"kernel": 3, "stride": 1, "dilation": 1},
     "winograd_f4x4": {"kernel": 3, "stride": 1, "dilation": 1},
     "depthwise": {"depthwise": True},
+    "depthwise_jit": {"depthwise": True},   # needs Numba: skipped without it
 }
 
 
@@ -69,11 +71,17 @@ def run_all(algo, p: ConvProblem, seed: int, scratch=None):
 DIRECTIONS = ("forward", "backward_data", "backward_filter", "bias gradient")
 
 
+def _needs_engine(name: str) -> None:
+    if name == "depthwise_jit" and not jit.available():
+        pytest.skip("the compiled engine (Numba) is not installed")
+
+
 @pytest.mark.parametrize("name", sorted(CONSTRAINTS))
 @settings(max_examples=20, deadline=None)
 @given(data=st.data())
 def test_every_algorithm_matches_the_reference(name, data):
     algo = ALGORITHMS[name]
+    _needs_engine(name)
     p, seed = data.draw(problems(**CONSTRAINTS[name]))
     assert algo.applicable(p), f"{name} should handle {p.describe()}"
     assert algo.workspace_bytes(p) >= 0
@@ -90,6 +98,7 @@ def test_both_gradients_at_once_match_the_reference(name, data):
     """`backward` (used when one algorithm was chosen for both directions; dft_gemm
     transforms dY once for both) gives the two gradients and db."""
     algo = ALGORITHMS[name]
+    _needs_engine(name)
     p, seed = data.draw(problems(**CONSTRAINTS[name]))
     (_, dx_ref, dw_ref, db_ref), x, w, dy = _gradient_refs(p, seed)
     dx, dw, db = (np.full(a.shape, np.nan, p.dtype) for a in (x, w, db_ref))
@@ -124,6 +133,7 @@ OUTSIDE = {   # a problem just outside each algorithm's constraints
     "winograd_f2x2": ConvProblem(2, 4, 5, 5, 4, 3, 3, dh=2),
     "winograd_f4x4": ConvProblem(2, 4, 7, 7, 4, 5, 5),
     "depthwise": ConvProblem(2, 4, 5, 5, 4, 3, 3, group=2),
+    "depthwise_jit": ConvProblem(2, 4, 5, 5, 4, 3, 3, group=2),
 }
 
 
@@ -252,14 +262,15 @@ def test_algorithms_agree_when_the_batch_is_split_across_threads(name, monkeypat
         import importlib
 
         monkeypatch.setattr(importlib.import_module(module), "chunks", parallel.chunks)
+    _needs_engine(name)
+    depthwise = ConvProblem(5, 6, 7, 6, 6, 3, 3, 1, 1, 1, 0, 2, 1, group=6, dtype="float64")
     cases = {"gemm_1x1": ConvProblem(5, 6, 5, 4, 4, 1, 1, 2, 1, dtype="float64"),
-             "depthwise": ConvProblem(5, 6, 7, 6, 6, 3, 3, 1, 1, 1, 0, 2, 1, group=6,
-                                      dtype="float64")}
+             "depthwise": depthwise, "depthwise_jit": depthwise}
     p = cases.get(name, ConvProblem(5, 6, 7, 6, 4, 3, 3, 1, 1, 1, 0, 2, 1, 1, 1, 2, "float64"))
     got, refs = run_all(ALGORITHMS[name], p, 4)
     for what, a, r in zip(DIRECTIONS, got, refs):
         np.testing.assert_allclose(a, r, rtol=1e-10, atol=1e-10, err_msg=f"{name} {what}")
-    if name in ("im2col_gemm", "shift_gemm", "depthwise", "dft_gemm"):
+    if name in ("im2col_gemm", "shift_gemm", "depthwise", "dft_gemm", "depthwise_jit"):
         assert calls, f"{name} did not go through parallel.chunks"
 
 

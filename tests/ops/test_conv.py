@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import netrun
+from netrun import jit
 from netrun.core.operator import Operator
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import SchemaError, ShapeError
@@ -313,7 +314,8 @@ def test_heuristic_and_applicability():
     assert heuristic_choice(three).name == "im2col_gemm"    # C·kw = 12: too thin for shift
     assert heuristic_choice(wide).name == "shift_gemm"
     assert heuristic_choice(strided).name == "im2col_gemm"
-    assert heuristic_choice(depthwise).name == "depthwise"
+    assert heuristic_choice(depthwise).name == ("depthwise_jit" if jit.available()
+                                                else "depthwise")
     assert [a.name for a in applicable_algorithms(strided)] == ["im2col_gemm"]
     assert {a.name for a in applicable_algorithms(one)} == {"im2col_gemm", "gemm_1x1"}
     assert {a.name for a in applicable_algorithms(three)} == {
