@@ -203,6 +203,16 @@ def test_im2col_blocks_over_the_batch(monkeypatch):
         np.testing.assert_allclose(a, r, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("per_image", [0, 1 << 30])
+def test_im2col_filter_gradient_both_ways(per_image, monkeypatch):
+    """Per-image products summed (small filters) and one batch-inner GEMM agree."""
+    monkeypatch.setattr(conv_algos, "PER_IMAGE_FILTER_ELEMENTS", per_image)
+    p = ConvProblem(3, 4, 7, 6, 6, 3, 2, 1, 2, 1, 0, 2, 1, 2, 1, 2, "float64")
+    got, refs = run_all(ALGORITHMS["im2col_gemm"], p, 5)
+    np.testing.assert_allclose(got[2], refs[2], rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got[3], refs[3], rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("name,module", [("shift_gemm", "netrun.algos.shift"),
                                          ("winograd_f4x4", "netrun.algos.winograd"),
                                          ("dft_gemm", "netrun.algos.dft"),
