@@ -92,6 +92,20 @@ class Backend:
     def empty(self, shape, dtype) -> Any:
         return self.xp.empty(shape, dtype=dtype)
 
+    # Workspace memory (netrun.core.memory). Backends whose arrays live in host memory carve
+    # output buffers and scratch out of big blocks planned per workspace; the others (GPU:
+    # CuPy's own caching pool) allocate array by array and keep the defaults below.
+    host_memory = False
+
+    def bind(self, memory: Any) -> "Backend":
+        """This backend as a workspace uses it: CPU, a copy allocating from `memory`."""
+        return self
+
+    def new_block(self, nbytes: int, populate: bool = False, reserve: bool = False) -> Any:
+        """Raw memory of at least nbytes for a workspace arena (host-memory backends only):
+        `populate` faults it in now; `reserve` asks for address space, paid for on touch."""
+        raise NotImplementedError
+
     def zeros(self, shape, dtype) -> Any:
         return self.xp.zeros(shape, dtype=dtype)
 

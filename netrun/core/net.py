@@ -34,13 +34,20 @@ class SimpleNet:
 
     def run(self, hook: Callable[[int, Operator], None] | None = None) -> None:
         """Run every op once; `hook(i, op)`, if given, runs after each op (profiling)."""
-        if hook is None:
-            for o in self.ops:
-                o.run()
-        else:
-            for i, o in enumerate(self.ops):
-                o.run()
-                hook(i, o)
+        # Each op starts a new scratch lifetime: ops share one scratch arena in turn.
+        memory = self.ws.memory
+        try:
+            if hook is None:
+                for o in self.ops:
+                    memory.begin_op(o)
+                    o.run()
+            else:
+                for i, o in enumerate(self.ops):
+                    memory.begin_op(o)
+                    o.run()
+                    hook(i, o)
+        finally:
+            memory.end_run()
 
 
 def type_of(problems: list[str]) -> type[NetrunError]:

@@ -6,6 +6,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from netrun.backends import get_backend
+from netrun.core.memory import WorkspaceMemory
 from netrun.core.net import SimpleNet
 from netrun.core.operator import Operator
 from netrun.errors import NetrunError
@@ -16,12 +17,15 @@ class Workspace:
     """Owns every blob and buffer; nets and operators only borrow them."""
 
     def __init__(self, device: str = "cpu", seed: int | None = None):
-        self.backend = get_backend(device)
+        shared = get_backend(device)
+        # Output buffers and scratch: planned per net, carved from this workspace's blocks.
+        self.memory = WorkspaceMemory(shared)
+        self.backend = shared.bind(self.memory)
         # GPU: make the device and its stream current for this thread (sticky; CPU: no-op).
         self.backend.activate()
         self._blobs: dict[str, Any] = {}
         self._nets: dict[str, SimpleNet] = {}
-        self._scratch: dict[str, Any] = {}
+        self._scratch = self.memory.keyed   # scratch outside net runs, one buffer per key
         self.seed(seed)
 
     @property
@@ -39,6 +43,7 @@ class Workspace:
         host = np.asarray(value, dtype=dtype)
         self.backend.activate()
         self._blobs[name] = self.backend.to_device(host)
+        self.memory.fed(name, self._blobs, self)   # plans bound nets waiting for this shape
 
     def fetch_blob(self, name: str) -> np.ndarray:
         """The blob's value as a host NumPy array (a copy)."""
@@ -64,19 +69,25 @@ class Workspace:
         return self._blobs[name]
 
     def scratch(self, key: str, shape, dtype="float32") -> Any:
-        """A scratch buffer of at least the given size, shared by everyone asking for `key`."""
-        size = int(np.prod(shape, dtype=np.int64))
-        buf = self._scratch.get((key, str(dtype)))
-        if buf is None or buf.size < size:
-            buf = self.backend.empty((size,), dtype)
-            self._scratch[(key, str(dtype))] = buf
-        return buf[:size].reshape(shape)
+        """A scratch buffer of the given shape for `key`, its contents undefined.
+
+        Inside a net's run it is valid until the operator asking for it returns: the next
+        operator may get the same memory under any key. Within one operator, asking again for
+        a key (and dtype) gives the same memory if it still fits. Outside net runs a key keeps
+        its buffer, shared by everyone asking for it.
+        """
+        return self.memory.scratch(key, shape, dtype)
 
     # Operators and nets ----------------------------------------------------------------
     def run_operator_once(self, op: OperatorDef) -> None:
         """Validate, create and run one operator."""
         self.backend.activate()
-        Operator(op, self).run()
+        bound = Operator(op, self)
+        self.memory.begin_op()
+        try:
+            bound.run()
+        finally:
+            self.memory.end_run()
 
     def create_net(self, net: NetDef, overwrite: bool = True) -> SimpleNet:
         """Bind a NetDef to this workspace under its name (validating every op)."""
@@ -84,6 +95,8 @@ class Workspace:
             raise NetrunError(f"net '{net.name}' already exists in this workspace")
         bound = SimpleNet(net, self)
         self._nets[net.name] = bound
+        # Memory planning: the buffers of the first run, faulted in now (or once fed).
+        self.memory.plan(net, self._blobs, self)
         return bound
 
     def run_net(self, name: str, iterations: int = 1) -> None:

@@ -14,6 +14,7 @@ out when nobody wants it (the first conv of a net), so its presence is the outpu
 from __future__ import annotations
 
 from netrun.core.gradient import register_gradient
+from netrun.core.memory import register_scratch_estimate
 from netrun import jit
 from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
@@ -298,6 +299,16 @@ def _prepare(ctx) -> None:
     jit_depthwise.prepare(ctx.args)
     if ctx.args.group == 1 and ctx.args.algo in ("", "im2col_gemm"):
         im2col.prepare()
+
+
+@register_scratch_estimate("Conv", "ConvGradient", "ConvTranspose", "ConvTransposeGradient")
+def _scratch_estimate(ws, op, args, ins) -> int:
+    """Scratch of the algorithms this op will pick, so a memory plan can fault it in at bind."""
+    from netrun.algos.search import choose
+
+    problem, _ = _conv_problem(args, ins[:2], op.type.startswith("ConvTranspose"))
+    return max(choose(ws, problem, d, ws.backend, args.algo).workspace_bytes(problem)
+               for d in ("forward", "backward_data", "backward_filter"))
 
 
 # Conv -------------------------------------------------------------------------------------

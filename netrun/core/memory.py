@@ -1,0 +1,374 @@
+"""Workspace memory: output buffers planned when a net is bound, scratch shared by every op.
+
+Fresh memory costs a page fault per page on first touch: 0.4-0.6 ms per MB in 4 KiB pages on
+the 2-core VMs we measure on; 0.1-0.2 ms per MB in 2 MiB huge pages, but 2-5 ms per MB while
+the host is busy (the VM hands free 2 MiB blocks back to its host, which must supply them
+again). A net's first iteration used to allocate each output on first write and each scratch
+key on first use (cifar10_quick training at batch 100: 50 MB of outputs, 96 MB of scratch
+under 55 keys, 25 MB more as keys grew), so page faults made it 1.5-3× a steady one, or far
+more on a busy host. Here, on host-memory backends:
+
+* Outputs are planned. When a net is bound and the shapes of the blobs it reads are known
+  (or as soon as feeding makes them known), shape inference over the net gives every output
+  buffer a first run allocates; one block for them all is mapped and faulted in then (in
+  huge pages), and the backend's `empty` carves buffers from it in request order. A
+  buffer the plan did not foresee, or past its room, comes from NumPy as before.
+* Scratch is one arena for the whole workspace. Inside a net's run scratch lives for one
+  operator, so every op carves again from the start of one large reservation of address
+  space (paid for on first touch): the arena holds the largest op's scratch, not the sum
+  over all keys, and nothing is re-allocated when a key grows. Within one op a key gets the
+  same region on every request (a new one if it must grow), and different keys, including
+  the per-thread keys of `parallel.chunk_scratch`, never overlap. Ops that register a
+  scratch estimate let the plan fault the arena in too (in huge pages); the rest is faulted
+  in on first use, in 4 KiB pages (backends.cpu.host_block says why). Outside a net's run
+  (direct `ws.scratch` calls) a key keeps its own buffer, as before.
+
+Backends without host memory (GPU: CuPy's caching pool) keep a buffer per scratch key and
+plan nothing.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from netrun.core.schema import TensorSpec
+from netrun.proto.defs import NetDef
+
+ALIGN = 256                  # bytes between buffers: whole cache lines, aligned vector loads
+MIN_PLAN_BYTES = 256 << 10   # smaller plans are not worth a mapping: their faults cost ~0.1 ms
+# Address space reserved for scratch at a time: pages cost memory once touched, and every op
+# carves from the start, so the memory held is the largest op's scratch (no fragmentation).
+SCRATCH_RESERVE = 512 << 20
+
+# Scratch estimates, registered next to the ops that use scratch (as kernels and preparers
+# are): fn(ws, op, args, input_specs) -> the most scratch bytes one run of the OperatorDef
+# `op` (its resolved `args`) asks for with inputs of these specs, all threads together. A
+# plan faults the arena in up to the largest estimate of its net's ops; ops without one
+# fault their scratch in on first use.
+ScratchEstimate = Callable[[Any, Any, Any, list[TensorSpec]], int]
+_SCRATCH_ESTIMATES: dict[str, ScratchEstimate] = {}
+
+
+def register_scratch_estimate(*types: str) -> Callable[[ScratchEstimate], ScratchEstimate]:
+    """Decorator: `fn(ws, op, args, input_specs) -> bytes` estimates the scratch of `types`."""
+
+    def wrap(fn: ScratchEstimate) -> ScratchEstimate:
+        for t in types:
+            if t in _SCRATCH_ESTIMATES:
+                raise ValueError(f"scratch estimate for {t} registered twice")
+            _SCRATCH_ESTIMATES[t] = fn
+        return fn
+
+    return wrap
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _size(shape) -> int:
+    return int(shape) if isinstance(shape, (int, np.integer)) else math.prod(map(int, shape))
+
+
+@dataclass
+class MemoryStats:
+    """What a workspace's memory did, for tests and profiles (bytes and buffer counts)."""
+
+    planned_bytes: int = 0        # output bytes reserved, and faulted in, by plans
+    planned_outputs: int = 0      # output buffers foreseen by plans
+    outputs_from_plan: int = 0    # output buffers carved from planned blocks
+    outputs_unplanned: int = 0    # output buffers left to NumPy (not foreseen, or no room)
+    scratch_prefaulted: int = 0   # scratch bytes faulted in by plans (from estimates)
+
+
+class _Blocks:
+    """Blocks, each filled from its start; a request goes to the first with room."""
+
+    def __init__(self):
+        self.blocks: list[Any] = []
+        self.used: list[int] = []
+
+    def add(self, block: Any) -> None:
+        self.blocks.append(block)
+        self.used.append(0)
+
+    def remove(self, block: Any) -> None:
+        i = next(i for i, b in enumerate(self.blocks) if b is block)
+        del self.blocks[i], self.used[i]
+
+    def reset(self) -> None:
+        """Every block empty again (its memory is handed out anew)."""
+        self.used = [0] * len(self.blocks)
+
+    def carve(self, nbytes: int) -> tuple[Any, int] | None:
+        """(block, offset) of nbytes free bytes, or None if no block has room."""
+        for i, block in enumerate(self.blocks):
+            start = _aligned(self.used[i])
+            if start + nbytes <= len(block):
+                self.used[i] = start + nbytes
+                return block, start
+        return None
+
+    @property
+    def unused(self) -> int:
+        """Bytes not handed out (since the last reset)."""
+        return sum(len(b) for b in self.blocks) - sum(self.used)
+
+
+class ScratchArena:
+    """Scratch regions for one operator run at a time, carved from reserved address space.
+
+    Every op carves from the start of the arena. An op that runs again (a net's next
+    iteration) finds the regions it carved last time, so a steady run carves nothing.
+    """
+
+    def __init__(self, new_block: Callable[..., Any]):
+        self._new_block = new_block
+        self._blocks = _Blocks()
+        self._regions: dict[tuple[str, Any], np.ndarray] = {}   # (key, dtype) -> region
+        # op -> (its regions, its use of each block), kept while the op lives
+        self._ops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()   # chunk threads ask for their keys concurrently
+        self.peak = 0                   # most bytes handed out to one op (memory touched)
+        self.prefaulted = 0             # bytes at the start faulted in ahead of use
+        # Debugging: a byte to fill the handed-out memory with when an op ends, so that an op
+        # reading scratch written by an earlier one reads garbage (NaN for 0xFF).
+        self.poison: int | None = None
+
+    def rewind(self, op: Any = None) -> None:
+        """Operator `op` (any object; None: one that will not run again) starts: the whole
+        arena may be handed out again, and to `op` where it was the last time."""
+        if self.poison is not None:
+            for block, used in zip(self._blocks.blocks, self._blocks.used):
+                np.ndarray((used,), np.uint8, buffer=block)[...] = self.poison
+        if op is None:
+            self._regions, used = {}, []
+        else:
+            state = self._ops.get(op)
+            if state is None:
+                state = self._ops[op] = ({}, [])
+            self._regions, used = state
+        used.extend([0] * (len(self._blocks.blocks) - len(used)))   # blocks mapped since
+        self._blocks.used = used
+
+    def get(self, key: str, shape, dtype) -> np.ndarray:
+        """The region of `key`, at least `shape` large, valid until the next rewind."""
+        size = _size(shape)
+        region = self._regions.get((key, dtype))   # dict reads need no lock under the GIL
+        if region is None or region.size < size:
+            with self._lock:
+                region = self._regions.get((key, dtype))
+                if region is None or region.size < size:
+                    region = self._carve(size, np.dtype(dtype))
+                    self._regions[(key, dtype)] = region
+        return region[:size].reshape(shape)
+
+    def prefault(self, nbytes: int) -> int:
+        """Fault the first nbytes of the arena in now; returns the bytes newly faulted."""
+        if nbytes <= self.prefaulted:
+            return 0
+        if not self._blocks.blocks:
+            self._blocks.add(self._reserve(nbytes))
+        block = self._blocks.blocks[0]   # every op carves from the first block first
+        nbytes = min(nbytes, len(block))
+        block.populate(nbytes)
+        added, self.prefaulted = nbytes - self.prefaulted, nbytes
+        return added
+
+    def _carve(self, size: int, dt: np.dtype) -> np.ndarray:
+        nbytes = max(size * dt.itemsize, 1)
+        spot = self._blocks.carve(nbytes)
+        if spot is None:
+            self._blocks.add(self._reserve(nbytes))
+            spot = self._blocks.carve(nbytes)
+        self.peak = max(self.peak, sum(self._blocks.used))
+        block, start = spot
+        return np.ndarray((size,), dt, buffer=block, offset=start)
+
+    def _reserve(self, nbytes: int) -> Any:
+        try:
+            return self._new_block(max(nbytes, SCRATCH_RESERVE), reserve=True)
+        except OSError:   # strict overcommit (vm.overcommit_memory=2): map what is asked
+            return self._new_block(nbytes)
+
+
+class UnknownInput(LookupError):
+    """A blob a net reads has no known spec yet (its plan waits until the blob is fed)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+@dataclass
+class NetPlan:
+    """What a first run of a net allocates: output buffers in order, and scratch at most."""
+
+    outputs: list[TensorSpec] = field(default_factory=list)
+    scratch: int = 0
+
+
+def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, TensorSpec],
+             ws: Any = None) -> NetPlan:
+    """The output buffers a first run of `net` allocates, and its largest scratch estimate.
+
+    `known` holds the spec of every blob the net may read from outside; `buffers` the specs
+    of blobs whose arrays an op may write into again (OpContext.output reuses a buffer of the
+    same shape and dtype); it is updated with the net's outputs. UnknownInput names the
+    first blob read without a known spec. Shape inference stopping at an op (a shape
+    function that cannot say) ends the plan there. `ws` is passed to scratch estimates.
+    """
+    from netrun.core.schema import get_schema
+    from netrun.core.shape_inference import infer_op
+
+    specs = dict(known)
+    plan = NetPlan()
+    for op in net.ops:
+        ins = []
+        for name in op.inputs:
+            if name not in specs:
+                raise UnknownInput(name)
+            ins.append(specs[name])
+        try:
+            outs = infer_op(op, ins).outputs
+        except Exception:   # the plan is an optimisation: the op itself reports real errors
+            break
+        estimate = _SCRATCH_ESTIMATES.get(op.type)
+        if estimate is not None:
+            try:
+                args = get_schema(op.type).verify(op)
+                plan.scratch = max(plan.scratch, int(estimate(ws, op, args, ins)))
+            except Exception:   # an estimate that cannot say: the op faults its scratch in
+                pass
+        for name, spec in zip(op.outputs, outs):
+            if buffers.get(name) != spec:
+                plan.outputs.append(spec)
+                buffers[name] = spec
+            specs[name] = spec
+    return plan
+
+
+class WorkspaceMemory:
+    """A workspace's output plans and scratch (see the module doc)."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.stats = MemoryStats()
+        self.keyed: dict[tuple[str, str], Any] = {}   # scratch outside net runs: key -> buffer
+        self.arena: ScratchArena | None = None
+        self._planned: _Blocks | None = None
+        if backend.host_memory:
+            self.arena = ScratchArena(backend.new_block)
+            self._planned = _Blocks()
+        self._in_run = False
+        self._lock = threading.Lock()
+        self._waiting: dict[str, list[NetDef]] = {}   # blob name -> bound nets waiting for it
+        self._plan_blocks: dict[str, Any] = {}         # net name -> its planned block
+        # blobs that planned nets will have written: their specs, for nets planned after
+        self._future: dict[str, TensorSpec] = {}
+
+    # Scratch ----------------------------------------------------------------------------
+    def begin_op(self, op: Any = None) -> None:
+        """Operator `op` of a net's run starts: scratch from here on lives until the next."""
+        if self.arena is not None:
+            self.arena.rewind(op)
+            self._in_run = True
+
+    def end_run(self) -> None:
+        """The net's run is over: scratch requests get per-key buffers again."""
+        self._in_run = False
+
+    def scratch(self, key: str, shape, dtype="float32") -> Any:
+        """A scratch buffer of `shape` for `key` (see the module doc for how long it lives)."""
+        if self._in_run:
+            return self.arena.get(key, shape, dtype)
+        size = _size(shape)
+        buf = self.keyed.get((key, str(dtype)))
+        if buf is None or buf.size < size:
+            buf = self.backend.empty((size,), dtype)
+            self.keyed[(key, str(dtype))] = buf
+        return buf[:size].reshape(shape)
+
+    @property
+    def scratch_bytes(self) -> int:
+        """The scratch arena's high-water mark: the most bytes one operator was handed."""
+        return self.arena.peak if self.arena is not None else 0
+
+    @property
+    def reserved_unused(self) -> int:
+        """Bytes of planned output memory not handed out (yet)."""
+        return self._planned.unused if self._planned is not None else 0
+
+    # Outputs ----------------------------------------------------------------------------
+    def output_buffer(self, shape, dtype) -> np.ndarray | None:
+        """An output buffer carved from planned memory, or None (the caller allocates)."""
+        if self._planned is None:
+            return None
+        dt = np.dtype(dtype)
+        nbytes = _size(shape) * dt.itemsize
+        with self._lock:
+            spot = self._planned.carve(nbytes) if nbytes and not dt.hasobject else None
+            if spot is None:
+                self.stats.outputs_unplanned += 1
+                return None
+            self.stats.outputs_from_plan += 1
+        block, start = spot
+        return np.ndarray(shape, dt, buffer=block, offset=start)
+
+    # Planning ---------------------------------------------------------------------------
+    @property
+    def pending(self) -> list[NetDef]:
+        """Bound nets whose plan waits for the shape of a blob not fed yet."""
+        return [net for nets in self._waiting.values() for net in nets]
+
+    def plan(self, net: NetDef, blobs: Mapping[str, Any], ws: Any = None) -> None:
+        """Reserve and fault in what `net`'s first run allocates given the workspace's
+        `blobs` (`ws` is handed to scratch estimates), or wait for its inputs."""
+        if self._planned is not None:
+            self._plan(net, blobs, ws)
+
+    def fed(self, name: str, blobs: Mapping[str, Any], ws: Any = None) -> None:
+        """Blob `name` was fed: plan the bound nets that were waiting for its shape."""
+        for net in self._waiting.pop(name, ()):
+            self._plan(net, blobs, ws)
+
+    def _plan(self, net: NetDef, blobs: Mapping[str, Any], ws: Any) -> None:
+        known = dict(self._future)
+        buffers = dict(self._future)
+        for name, value in blobs.items():
+            if self.backend.is_array(value):
+                spec = TensorSpec(tuple(value.shape), str(value.dtype))
+                known[name] = spec
+                if self.backend.owns_data(value):
+                    buffers[name] = spec
+                else:
+                    buffers.pop(name, None)
+        try:
+            plan = plan_net(net, known, buffers, ws)
+        except UnknownInput as e:
+            self._waiting.setdefault(e.name, []).append(net)
+            return
+        written = {n: s for n, s in buffers.items() if n not in blobs}
+        self._future.update(written)
+        total = sum(_aligned(max(s.nbytes, 1)) for s in plan.outputs)
+        # A net bound again under its name replaces its plan: the old block's unclaimed room
+        # goes (the buffers carved from it live on in their blobs).
+        old = self._plan_blocks.pop(net.name, None)
+        if old is not None:
+            self._planned.remove(old)
+        if total >= MIN_PLAN_BYTES:
+            block = self.backend.new_block(total, populate=True)
+            self._planned.add(block)
+            self._plan_blocks[net.name] = block
+            self.stats.planned_bytes += total
+            self.stats.planned_outputs += len(plan.outputs)
+        self.stats.scratch_prefaulted += self.arena.prefault(plan.scratch)
+        # Nets reading what this one writes (the update net reads the step net's gradients).
+        for name in written:
+            for waiting in self._waiting.pop(name, ()):
+                self._plan(waiting, blobs, ws)
