@@ -54,6 +54,24 @@ def chunks(xp: Any, n: int, fn: Callable[[int, int, int], None], work: int = 0) 
             f.result()
 
 
+def per_thread(n: int, block: int) -> tuple[int, int]:
+    """(threads, images per thread's block) when `chunks` splits n images in blocks of at
+    most `block`: what an algorithm's scratch estimate multiplies out."""
+    t = max(1, min(thread_count(), n))
+    return t, max(1, min(block, -(-n // t)))
+
+
+def start() -> None:
+    """Start the worker threads and find the BLAS thread setter now (about 4 ms the first
+    time), so that a net's first iteration does not pay for it."""
+    t = thread_count()
+    if t <= 1:
+        return
+    pool = _pool(t)
+    for f in [pool.submit(_single_blas, lambda *a: None, i, 0, 0) for i in range(t - 1)]:
+        f.result()
+
+
 def chunk_scratch(scratch: Callable, index: int) -> Callable:
     """A scratch function whose buffers are private to chunk `index`."""
     if index == 0:

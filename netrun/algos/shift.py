@@ -20,7 +20,7 @@ and backward-filter's extra column of dW is db.
 """
 from __future__ import annotations
 
-from netrun.algos.parallel import chunk_scratch, chunks
+from netrun.algos.parallel import chunk_scratch, chunks, per_thread
 from netrun.ops.conv_algos import (ConvAlgorithm, ConvProblem, add_bias, register_algorithm,
                                    sum_bias)
 
@@ -45,12 +45,12 @@ class ShiftGemm(ConvAlgorithm):
         return max(1, min(p.n, BLOCK_BYTES // max(per_image, 1)))
 
     def workspace_bytes(self, p: ConvProblem) -> int:
-        b = self.block(p)
+        threads, b = per_thread(p.n, self.block(p))    # every thread has its own buffers
         cols = p.oh * b * p.ow
         e = (p.c * p.kw + 1) * _hp(p) * b * p.ow
         weights = p.k * p.cg * p.kh * p.kw + p.k * (p.cg * p.kw + 1)
         work = max(2 * p.k * cols, p.k * cols + p.c * p.kw * cols)
-        return (e + weights + work) * p.itemsize
+        return (threads * (e + work) + weights) * p.itemsize
 
     def forward(self, xp, x, w, p, out, scratch, bias=None):
         fuse = bias is not None and p.group == 1

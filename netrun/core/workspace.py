@@ -97,6 +97,10 @@ class Workspace:
         self._nets[net.name] = bound
         # Memory planning: the buffers of the first run, faulted in now (or once fed).
         self.memory.plan(net, self._blobs, self)
+        if self.backend.xp is np:   # the CPU kernels' worker threads start now, not in a run
+            from netrun.algos import parallel
+
+            parallel.start()
         return bound
 
     def run_net(self, name: str, iterations: int = 1) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from netrun import jit
-from netrun.algos.parallel import chunk_scratch, chunks
+from netrun.algos.parallel import chunk_scratch, chunks, per_thread
 from netrun.errors import ShapeError
 from netrun.ops.geometry import ConvGeometry, pad_into, window_slices
 
@@ -235,11 +235,11 @@ class Im2colGemm(ConvAlgorithm):
         return max(1, min(p.n, COL_BUFFER_BYTES // max(per_image, 1)))
 
     def workspace_bytes(self, p: ConvProblem) -> int:
-        b = self.block(p)
+        threads, b = per_thread(p.n, self.block(p))    # every thread has its own buffers
         col = b * p.c * p.kh * p.kw * p.oh * p.ow
         pad = b * p.c * (p.h + p.pt + p.pb) * (p.w + p.pl + p.pr) if p.padded else 0
         dy_t = b * p.k * p.oh * p.ow + p.k * p.cg * p.kh * p.kw   # backward_filter only
-        return (col + pad + dy_t) * p.itemsize
+        return threads * (col + pad + dy_t) * p.itemsize
 
     def forward(self, xp, x, w, p, out, scratch, bias=None):
         ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
