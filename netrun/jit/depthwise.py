@@ -88,12 +88,27 @@ def layout(h: int, w: int, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int,
 
 
 @kernel
+def _load_plane(x, n, c, buf, rows, cols):
+    """Copy plane x[n, c] into its zero-padded, stride-phase-split slots of buf."""
+    sw = cols.shape[0]
+    for y in range(x.shape[2]):
+        for px in range(sw):
+            x0, count, start = cols[px, 0], cols[px, 1], rows[y] + cols[px, 2]
+            if sw == 1:
+                for t in range(count):
+                    buf[_u(start + t)] = x[_u(n), _u(c), _u(y), _u(t)]
+            else:
+                for t in range(count):
+                    buf[_u(start + t)] = x[_u(n), _u(c), _u(y), _u(x0 + t * sw)]
+
+
+@kernel
 def forward(x, w, bias, out, rows, cols, taps, size, wq, p0, p1):
     """out[n, k] for planes p0..p1 of N·K: the conv of x[n, k // m] with w[k], plus bias[k]."""
-    c_all, h = x.shape[1], x.shape[2]
+    c_all = x.shape[1]
     k_all, oh, ow = out.shape[1], out.shape[2], out.shape[3]
     kw = w.shape[2]
-    m, nt, sw = k_all // c_all, taps.shape[0], cols.shape[0]
+    m, nt = k_all // c_all, taps.shape[0]
     cnt = oh * wq
     buf = np.zeros(size, x.dtype)
     acc = np.empty(cnt, out.dtype)
@@ -104,15 +119,7 @@ def forward(x, w, bias, out, rows, cols, taps, size, wq, p0, p1):
         c = k // m
         if n * c_all + c != loaded:             # m output planes share one input plane
             loaded = n * c_all + c
-            for y in range(h):
-                for px in range(sw):
-                    x0, count, start = cols[px, 0], cols[px, 1], rows[y] + cols[px, 2]
-                    if sw == 1:
-                        for t in range(count):
-                            buf[_u(start + t)] = x[_u(n), _u(c), _u(y), _u(t)]
-                    else:
-                        for t in range(count):
-                            buf[_u(start + t)] = x[_u(n), _u(c), _u(y), _u(x0 + t * sw)]
+            _load_plane(x, n, c, buf, rows, cols)
         b = bias[k]
         t = 0
         if nt >= 4:                             # the first four taps and the bias
@@ -198,10 +205,10 @@ def backward_data(dy, w, out, rows, cols, grid, order, size, gsize, gstart, wq, 
 @kernel
 def backward_filter(x, dy, dw_out, db_out, rows, cols, taps, size, wq, c0, c1):
     """dw_out[k], db_out[k] for the output channels of input channels c0..c1, over all N."""
-    n_all, c_all, h = x.shape[0], x.shape[1], x.shape[2]
+    n_all, c_all = x.shape[0], x.shape[1]
     k_all, oh, ow = dy.shape[1], dy.shape[2], dy.shape[3]
     kw = dw_out.shape[2]
-    m, nt, sw = k_all // c_all, taps.shape[0], cols.shape[0]
+    m, nt = k_all // c_all, taps.shape[0]
     cnt = (oh * wq + LANES - 1) // LANES * LANES   # whole lanes; the tail of grad is zero
     buf = np.zeros(size, x.dtype)
     grad = np.zeros(cnt, dy.dtype)
@@ -210,15 +217,7 @@ def backward_filter(x, dy, dw_out, db_out, rows, cols, taps, size, wq, c0, c1):
         for u in range(acc.shape[0]):
             acc[_u(u)] = 0
         for n in range(n_all):
-            for y in range(h):
-                for px in range(sw):
-                    x0, count, start = cols[px, 0], cols[px, 1], rows[y] + cols[px, 2]
-                    if sw == 1:
-                        for t in range(count):
-                            buf[_u(start + t)] = x[_u(n), _u(c), _u(y), _u(t)]
-                    else:
-                        for t in range(count):
-                            buf[_u(start + t)] = x[_u(n), _u(c), _u(y), _u(x0 + t * sw)]
+            _load_plane(x, n, c, buf, rows, cols)
             for mq in range(m):
                 for r in range(oh):
                     for s in range(ow):
