@@ -25,7 +25,6 @@ class Workspace:
         self.backend.activate()
         self._blobs: dict[str, Any] = {}
         self._nets: dict[str, SimpleNet] = {}
-        self._scratch = self.memory.keyed   # scratch outside net runs, one buffer per key
         self.seed(seed)
 
     @property

@@ -253,7 +253,7 @@ def test_algorithms_keep_float32():
     ws = netrun.Workspace()
     for algo in conv_algos.applicable_algorithms(p):
         run_all(algo, p, 0, ws.scratch)
-    dtypes = {str(buf.dtype) for buf in ws._scratch.values()}
+    dtypes = {str(buf.dtype) for buf in ws.memory.keyed.values()}
     assert dtypes <= {"float32", "complex64", "bool"}, dtypes
 
 
