@@ -30,7 +30,7 @@ else 2). Complex matrices are applied to real data as real GEMMs against interle
 
     forward          Ŷ[f] = conj(Ŵ[f]) X̂[f]          (cyclic correlation)
     backward_data    dX̂[f] = Ŵ[f]ᵀ dŶ[f]              (its adjoint; padding rows dropped)
-    backward_filter  dŴ[f]ᵀ = X̂[f] conj(dŶ[f])ᵀ       (summed over images; taps at i·dh, j·dw)
+    backward_filter  dŴ[f] = conj(dŶ[f]) X̂[f]ᵀ        (summed over images; taps at i·dh, j·dw)
 """
 from __future__ import annotations
 

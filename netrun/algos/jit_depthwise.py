@@ -4,8 +4,9 @@ The NumPy `depthwise` algorithm turns a depthwise conv into row GEMMs or per-tap
 memory; compiled, each direction reads its inputs and writes its output once, plane by plane
 in cache (3× faster than the NumPy algorithm on a 32×32×56×56 3×3 layer on 2 cores). It
 applies where the NumPy one does (group = C, any channel multiplier K/C, kernel, stride,
-pads and dilation) in float32 and float64 when Numba is installed. On other array modules (CuPy), or inside `jit.disabled()`, it runs
-the NumPy algorithm, so a choice remembered in the algorithm cache stays valid.
+pads and dilation) in float32 and float64 when Numba is installed. On other array modules
+(CuPy), or inside `jit.disabled()`, it runs the NumPy algorithm, so a choice remembered in
+the algorithm cache stays valid.
 
 Forward and backward-data split the N·K (N·C) planes over parallel.chunks' threads;
 backward-filter splits the input channels, so each dW and db element is summed by one thread

@@ -63,9 +63,8 @@ def disabled() -> Iterator[None]:
 class Kernel:
     """A Python function compiled by Numba on first use (nopython, nogil, cached on disk)."""
 
-    def __init__(self, fn: Callable, fastmath: bool):
+    def __init__(self, fn: Callable):
         self.fn = fn
-        self.fastmath = fastmath
         self._compiled: Any = None
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
@@ -78,8 +77,7 @@ class Kernel:
                 if self._compiled is None:
                     import numba
 
-                    self._compiled = numba.njit(cache=True, nogil=True,
-                                                fastmath=self.fastmath)(self.fn)
+                    self._compiled = numba.njit(cache=True, nogil=True)(self.fn)
         return self._compiled
 
     def __call__(self, *args):
@@ -99,8 +97,6 @@ class Kernel:
             self.compiled.compile(sig)
 
 
-def kernel(fn: Callable | None = None, *, fastmath: bool = False):
+def kernel(fn: Callable) -> Kernel:
     """Decorator: `fn` becomes a lazily compiled Numba kernel (see `Kernel`)."""
-    if fn is None:
-        return lambda f: Kernel(f, fastmath)
-    return Kernel(fn, fastmath)
+    return Kernel(fn)
