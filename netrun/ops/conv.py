@@ -293,10 +293,11 @@ def _maker(g) -> list:
 def _prepare(ctx) -> None:
     if not jit.enabled(ctx.xp):
         return
-    from netrun.algos import jit_depthwise
+    from netrun.algos import jit_depthwise, jit_winograd
     from netrun.jit import im2col
 
     jit_depthwise.prepare(ctx.args)
+    jit_winograd.prepare(ctx.args)
     if ctx.args.group == 1 and ctx.args.algo in ("", "im2col_gemm"):
         im2col.prepare()
 

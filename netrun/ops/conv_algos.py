@@ -184,25 +184,35 @@ def applicable_algorithms(p: ConvProblem) -> list[ConvAlgorithm]:
 
 
 # The rule-based preference without timing, best first (measured on 2-core AVX-512 machines
-# with OpenBLAS; see benchmarks/bench_cpu.py): a depthwise conv runs directly (compiled when
-# the engine is there: 3× the NumPy loops), a 1×1 kernel is a
-# plain GEMM; a stride-1 conv whose Fourier form (dft_gemm) costs at most DFT_MAX_FLOP_RATIO of
-# the direct flops (its model charges copies and the filter spectrum too) runs that way: 5×5
-# kernels on CIFAR/LeNet-sized images at 0.4-0.7, not a 3×3 layer of 256 channels on 14×14
-# (about 1.0: its filter spectrum is 16× the filter) nor first layers (C = 1 or 3: 2-6); otherwise
-# a stride-1 (in height) conv is row-shifted GEMMs on a kw-expanded copy (kw× less copying than
-# im2col) unless their contraction C/G·kw is too thin for an efficient GEMM (first layers:
-# C = 1 or 3), and everything else im2col + GEMM. Winograd and FFT win only for some shapes;
-# exhaustive search finds those.
+# with OpenBLAS; see benchmarks/bench_cpu.py):
+# - a depthwise conv runs directly (compiled when the engine is there: 3× the NumPy loops);
+# - a 1×1 kernel is a plain GEMM;
+# - a stride-1 3×3 conv of at least WINOGRAD_MIN_CHANNELS channels each way and
+#   WINOGRAD_MIN_TILES 4×4 output tiles (dilated or not) runs compiled Winograd F(4×4, 3×3)
+#   when the engine is there: 1.4-2× shift_gemm from 8×8 to 56×56 images. Fewer tiles lose:
+#   the filter spectrum (4× the filter) is streamed once per block and thread, so batch-1
+#   ResNet-50 layers of 256-512 channels on 14×14 and 7×7 run 1.5-5× slower that way;
+# - a stride-1 conv whose Fourier form (dft_gemm) costs at most DFT_MAX_FLOP_RATIO of the
+#   direct flops (its model charges copies and the filter spectrum too) runs that way: 5×5
+#   kernels on CIFAR/LeNet-sized images at 0.4-0.7, not first layers (C = 1 or 3: 2-6);
+# - otherwise a stride-1 (in height) conv is row-shifted GEMMs on a kw-expanded copy (kw× less
+#   copying than im2col) unless their contraction C/G·kw is too thin for an efficient GEMM
+#   (first layers: C = 1 or 3), and everything else im2col + GEMM.
+# The NumPy Winograd and FFT algorithms win only for some shapes; exhaustive search finds those.
 SHIFT_MIN_CONTRACTION = 32
 DFT_MAX_FLOP_RATIO = 0.75
+WINOGRAD_MIN_CHANNELS = 32
+WINOGRAD_MIN_TILES = 96
 
 
 def preference(p: ConvProblem) -> tuple[str, ...]:
     """Algorithm names in the heuristic's order of preference for p."""
     from netrun.algos.dft import model_flops
+    from netrun.algos.jit_winograd import tiles
 
     first: tuple[str, ...] = ("depthwise_jit", "depthwise", "gemm_1x1")
+    if (min(p.c, p.k) >= WINOGRAD_MIN_CHANNELS and p.n * tiles(p) >= WINOGRAD_MIN_TILES):
+        first += ("winograd_jit",)
     direct = 2 * p.n * p.k * p.cg * p.kh * p.kw * p.oh * p.ow
     if p.sh == p.sw == 1 and model_flops(p) <= DFT_MAX_FLOP_RATIO * direct:
         first += ("dft_gemm",)
@@ -378,4 +388,4 @@ def _col2im(xp, col, p: ConvProblem, out, scratch: Scratch) -> None:
 
 # The other algorithms live in netrun.algos, one module each, and register themselves here.
 from netrun.algos import depthwise, dft, fft, gemm1x1, shift, winograd  # noqa: E402,F401
-from netrun.algos import jit_depthwise  # noqa: E402,F401
+from netrun.algos import jit_depthwise, jit_winograd  # noqa: E402,F401

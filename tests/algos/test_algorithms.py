@@ -24,14 +24,15 @@ CONSTRAINTS = {
     "winograd_f4x4": {"kernel": 3, "stride": 1, "dilation": 1},
     "depthwise": {"depthwise": True},
     "depthwise_jit": {"depthwise": True},   # needs Numba: skipped without it
+    "winograd_jit": {"kernel": 3, "stride": 1, "group": 1},   # needs Numba too
 }
 
 
 @st.composite
 def problems(draw, kernel=None, stride=None, stride_h=None, dilation=None, pads=True,
-             depthwise=False, max_side=6):
+             depthwise=False, group=None, max_side=6):
     """A random float64 ConvProblem within the constraints, and a seed."""
-    group = draw(st.sampled_from([1, 1, 2, 3]))
+    group = group or draw(st.sampled_from([1, 1, 2, 3]))
     cg = 1 if depthwise else draw(st.integers(1, 3))
     group = draw(st.sampled_from([2, 3, 4])) if depthwise else group
     kg, n = draw(st.integers(1, 3)), draw(st.integers(1, 3))
@@ -72,7 +73,7 @@ DIRECTIONS = ("forward", "backward_data", "backward_filter", "bias gradient")
 
 
 def _needs_engine(name: str) -> None:
-    if name == "depthwise_jit" and not jit.available():
+    if name in ("depthwise_jit", "winograd_jit") and not jit.available():
         pytest.skip("the compiled engine (Numba) is not installed")
 
 
@@ -134,11 +135,13 @@ OUTSIDE = {   # a problem just outside each algorithm's constraints
     "winograd_f4x4": ConvProblem(2, 4, 7, 7, 4, 5, 5),
     "depthwise": ConvProblem(2, 4, 5, 5, 4, 3, 3, group=2),
     "depthwise_jit": ConvProblem(2, 4, 5, 5, 4, 3, 3, group=2),
+    "winograd_jit": ConvProblem(2, 4, 5, 5, 4, 3, 3, sw=2),
 }
 
 
 @pytest.mark.parametrize("name", sorted(OUTSIDE))
 def test_algorithms_reject_what_they_cannot_run(name):
+    _needs_engine(name)
     assert not ALGORITHMS[name].applicable(OUTSIDE[name])
     assert ALGORITHMS["im2col_gemm"].applicable(OUTSIDE[name])   # the fallback runs them all
 
@@ -182,7 +185,7 @@ def test_algorithms_match_torch_in_float32(case):
         algo.backward_filter(np, x, dy, p, dw, scratch, dbias=db)
         # float32 rounding of sums over C·kh·kw (or N·oH·oW) terms; Winograd F(4×4) and FFT
         # round more (transform constants up to 8, and log-depth butterflies)
-        rtol = 2e-4 if algo.name in ("winograd_f4x4", "fft") else 5e-5
+        rtol = 2e-4 if algo.name in ("winograd_f4x4", "winograd_jit", "fft") else 5e-5
         for what, got, ref in zip(DIRECTIONS, (y, dx, dw, db), refs):
             scale = float(np.abs(ref).max())
             np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * scale,
@@ -216,11 +219,13 @@ def test_im2col_filter_gradient_both_ways(per_image, monkeypatch):
 @pytest.mark.parametrize("name,module", [("shift_gemm", "netrun.algos.shift"),
                                          ("winograd_f4x4", "netrun.algos.winograd"),
                                          ("dft_gemm", "netrun.algos.dft"),
-                                         ("depthwise", "netrun.algos.depthwise")])
+                                         ("depthwise", "netrun.algos.depthwise"),
+                                         ("winograd_jit", "netrun.algos.jit_winograd")])
 def test_blocked_algorithms_agree_across_block_sizes(name, module, monkeypatch):
     """One image per block and the whole batch in one block give the same answer."""
     import importlib
 
+    _needs_engine(name)
     mod = importlib.import_module(module)
     p = ConvProblem(3, 4, 7, 6, 4, 3, 3, 1, 1, 1, 0, 2, 1, 1, 1, 4 if name == "depthwise" else 1,
                     "float64")
@@ -275,12 +280,15 @@ def test_algorithms_agree_when_the_batch_is_split_across_threads(name, monkeypat
     _needs_engine(name)
     depthwise = ConvProblem(5, 6, 7, 6, 6, 3, 3, 1, 1, 1, 0, 2, 1, group=6, dtype="float64")
     cases = {"gemm_1x1": ConvProblem(5, 6, 5, 4, 4, 1, 1, 2, 1, dtype="float64"),
-             "depthwise": depthwise, "depthwise_jit": depthwise}
+             "depthwise": depthwise, "depthwise_jit": depthwise,
+             "winograd_jit": ConvProblem(5, 6, 7, 6, 4, 3, 3, 1, 1, 1, 0, 2, 1, 1, 2, 1,
+                                         "float64")}
     p = cases.get(name, ConvProblem(5, 6, 7, 6, 4, 3, 3, 1, 1, 1, 0, 2, 1, 1, 1, 2, "float64"))
     got, refs = run_all(ALGORITHMS[name], p, 4)
     for what, a, r in zip(DIRECTIONS, got, refs):
         np.testing.assert_allclose(a, r, rtol=1e-10, atol=1e-10, err_msg=f"{name} {what}")
-    if name in ("im2col_gemm", "shift_gemm", "depthwise", "dft_gemm", "depthwise_jit"):
+    if name in ("im2col_gemm", "shift_gemm", "depthwise", "dft_gemm", "depthwise_jit",
+                "winograd_jit"):
         assert calls, f"{name} did not go through parallel.chunks"
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import netrun
+from netrun import jit
 from netrun import algos
 from netrun.algos import cache, search
 from netrun.core.net import SimpleNet
@@ -78,7 +79,7 @@ def test_exhaustive_mode_picks_the_fastest_and_remembers_it(tmp_path, monkeypatc
     assert net.ops[0].ctx.state["algo"] == "fft" and net.ops[1].ctx.state["algo"] == "fft"
     timed = set(calls)
     assert timed == {"im2col_gemm", "shift_gemm", "fft", "dft_gemm", "winograd_f2x2",
-                     "winograd_f4x4"}
+                     "winograd_f4x4"} | ({"winograd_jit"} if jit.available() else set())
     net.run()                           # same shapes: nothing is searched or looked up again
     assert search.STATS.searches == 3 and search.STATS.cache_hits == 0
     _, entries = cache.read_file(cache.list_files(tmp_path)[0])

@@ -318,8 +318,20 @@ def test_heuristic_and_applicability():
                                                 else "depthwise")
     assert [a.name for a in applicable_algorithms(strided)] == ["im2col_gemm"]
     assert {a.name for a in applicable_algorithms(one)} == {"im2col_gemm", "gemm_1x1"}
+    compiled = {"winograd_jit"} if jit.available() else set()
     assert {a.name for a in applicable_algorithms(three)} == {
-        "im2col_gemm", "shift_gemm", "fft", "dft_gemm", "winograd_f2x2", "winograd_f4x4"}
+        "im2col_gemm", "shift_gemm", "fft", "dft_gemm", "winograd_f2x2", "winograd_f4x4"} | compiled
+    # a 3×3 layer with enough channels and 4×4 tiles runs compiled Winograd (dilated too: the
+    # benchmark's shape f) ...
+    for p in (ConvProblem(32, 64, 56, 56, 64, 3, 3, pt=1, pl=1, pb=1, pr=1),
+              ConvProblem(16, 256, 14, 14, 256, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2)):
+        assert heuristic_choice(p).name == ("winograd_jit" if jit.available() else "shift_gemm")
+    # ... but not a batch-1 7×7 one of 512 channels (4 tiles: streaming the filter spectrum
+    # costs more than the multiplications saved) nor thin layers
+    assert heuristic_choice(ConvProblem(1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1)).name \
+        == "shift_gemm"
+    assert heuristic_choice(ConvProblem(32, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1)).name \
+        == "shift_gemm"
     # 5×5 on small images: the Fourier form needs a quarter of the flops (CIFAR's conv2) ...
     assert heuristic_choice(ConvProblem(100, 32, 16, 16, 32, 5, 5, 1, 1, 2, 2, 2, 2)).name \
         == "dft_gemm"

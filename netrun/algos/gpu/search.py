@@ -23,7 +23,8 @@ from netrun.ops.conv_algos import ALGORITHMS
 COUNTERPARTS = {"im2col_gemm": "gpu_im2col_gemm", "shift_gemm": "gpu_im2col_gemm",
                 "gemm_1x1": "gpu_gemm_1x1", "depthwise": "gpu_depthwise",
                 "winograd_f2x2": "gpu_winograd_f2x2", "winograd_f4x4": "gpu_winograd_f4x4",
-                "fft": "gpu_fft", "dft_gemm": "gpu_fft", "depthwise_jit": "gpu_depthwise"}
+                "fft": "gpu_fft", "dft_gemm": "gpu_fft", "depthwise_jit": "gpu_depthwise",
+                "winograd_jit": "gpu_winograd_f4x4"}
 
 # The rules without timing, best first: cuDNN where it is installed and has a plan; a
 # depthwise conv directly; a 1×1 kernel as a plain GEMM; everything else im2col + GEMM.
