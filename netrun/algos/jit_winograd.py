@@ -50,10 +50,14 @@ class JitWinograd(ConvAlgorithm):
 
     def workspace_bytes(self, p: ConvProblem) -> int:
         threads, b = parallel.per_thread(p.n, self.block(p))
-        a2 = ALPHA * ALPHA
-        # V and M of a block and a partial dU per thread; the filter spectrum
-        per_thread = a2 * (p.c + p.k) * b * tiles(p) + a2 * p.k * p.c
-        return (threads * per_thread + a2 * p.k * p.c) * p.itemsize
+        a2, ck = ALPHA * ALPHA, p.k * p.c
+        # per thread: V and M of a block, the partial dU and a block's share of it
+        per_thread = a2 * (p.c + p.k) * b * tiles(p) + 2 * a2 * ck
+        # the filter spectrum and its transposed filter; backward_data's cropped result
+        shared = a2 * ck + 9 * ck
+        if max(p.pt, p.pb) > 2 * p.dh or max(p.pl, p.pr) > 2 * p.dw:
+            shared += p.n * p.c * (p.oh + 4 * p.dh) * (p.ow + 4 * p.dw)
+        return (threads * per_thread + shared) * p.itemsize
 
     def forward(self, xp, x, w, p, out, scratch, bias=None):
         if not jit.enabled(xp):
@@ -90,12 +94,8 @@ class JitWinograd(ConvAlgorithm):
         if not jit.enabled(xp):
             _fallback(p).backward_filter(xp, x, dy, p, out, scratch, dbias)
             return
-        from netrun.jit import winograd as kernels
-
-        bt, g, at = _matrices(p.dtype)
-        a = np.ascontiguousarray(at.T)
+        bt, g, _, a = _matrices(p.dtype)
         a2 = ALPHA * ALPHA
-        th, tw = _tiles(p)
         x, dy = np.ascontiguousarray(x), np.ascontiguousarray(dy)
         threads = min(parallel.thread_count(), p.n)
         parts = [scratch(f"wjit.du#{i}", (a2, p.k, p.c), p.dtype) for i in range(threads)]
@@ -107,9 +107,9 @@ class JitWinograd(ConvAlgorithm):
             for b0, b1 in _blocks(n0, n1, self.block(p)):
                 t = (b1 - b0) * tiles(p)
                 v = s("wjit.v", (a2, t, p.c), p.dtype)
-                kernels.gather(x[b0:b1], v, bt, M, -p.pt, -p.pl, p.dh, p.dw, th, tw)
+                _gather(x[b0:b1], v, bt, -p.pt, -p.pl, p, s)
                 dm = s("wjit.m", (a2, t, p.k), p.dtype)
-                kernels.gather(dy[b0:b1], dm, a, M, 0, 0, p.dh, p.dw, th, tw)
+                _gather(dy[b0:b1], dm, a, 0, 0, p, s)
                 # per (ξ, ν): dU (K, C) = dMᵀ (K, T) @ V (T, C)
                 target = du if b0 == n0 else s("wjit.du_block", du.shape, p.dtype)
                 np.matmul(dm.transpose(0, 2, 1), v, out=target)
@@ -131,7 +131,7 @@ class JitWinograd(ConvAlgorithm):
         """out (N, K, oH, oW) = the 3×3 stride-1 correlation of x with the spectrum u (α², C, K)."""
         from netrun.jit import winograd as kernels
 
-        bt, _, at = _matrices(p.dtype)
+        bt, _, at, _ = _matrices(p.dtype)
         a2 = ALPHA * ALPHA
         th, tw = _tiles(p)
         y = out if out.flags.c_contiguous else scratch("wjit.y", out.shape, out.dtype)
@@ -141,14 +141,28 @@ class JitWinograd(ConvAlgorithm):
             for b0, b1 in _blocks(n0, n1, self.block(p)):
                 t = (b1 - b0) * tiles(p)
                 v = s("wjit.v", (a2, t, p.c), p.dtype)
-                kernels.gather(x[b0:b1], v, bt, M, -p.pt, -p.pl, p.dh, p.dw, th, tw)
+                _gather(x[b0:b1], v, bt, -p.pt, -p.pl, p, s)
                 prod = s("wjit.m", (a2, t, p.k), p.dtype)
                 np.matmul(v, u, out=prod)          # per (ξ, ν): M (T, K) = V (T, C) @ U (C, K)
-                kernels.scatter(prod, y[b0:b1], at, bias, p.dh, p.dw, th, tw)
+                image, half = (s(f"wjit.scatter{i}", shape, p.dtype) for i, shape in enumerate(
+                    kernels.scatter_buffers(p.k, ALPHA, M, p.dh, p.dw, th, tw)))
+                kernels.scatter(prod, y[b0:b1], at, bias, p.dh, p.dw, th, tw, image, half)
 
         parallel.chunks(np, p.n, work, work=_work(p))
         if y is not out:
             out[...] = y
+
+
+def _gather(src, dst, mat, top: int, left: int, p: ConvProblem, scratch) -> None:
+    """The compiled gather of src's tiles into dst, with buffers from scratch."""
+    from netrun.jit import winograd as kernels
+
+    th, tw = _tiles(p)
+    shapes = kernels.gather_buffers(src.shape[1], mat.shape[0], mat.shape[1], M, p.dh, p.dw,
+                                    th, tw)
+    key = "wjit.gather" + ("x" if mat.shape[1] == ALPHA else "dy")
+    image, half = (scratch(f"{key}{i}", shape, p.dtype) for i, shape in enumerate(shapes))
+    kernels.gather(src, dst, mat, M, top, left, p.dh, p.dw, th, tw, image, half)
 
 
 def _fallback(p: ConvProblem) -> ConvAlgorithm:
@@ -157,11 +171,11 @@ def _fallback(p: ConvProblem) -> ConvAlgorithm:
 
 
 def _matrices(dtype: str):
-    """(Bᵀ, G ⊗ G, Aᵀ) of F(4×4, 3×3) in dtype, C-contiguous (cached)."""
+    """(Bᵀ, G ⊗ G, Aᵀ, A) of F(4×4, 3×3) in dtype, C-contiguous (cached)."""
     if dtype not in _CACHE:
         bt, g, at = _MATRICES[M]
         _CACHE[dtype] = (np.ascontiguousarray(bt, dtype), np.kron(g, g).astype(dtype),
-                         np.ascontiguousarray(at, dtype))
+                         np.ascontiguousarray(at, dtype), np.ascontiguousarray(at.T, dtype))
     return _CACHE[dtype]
 
 
@@ -171,14 +185,11 @@ _CACHE: dict[str, tuple] = {}
 def _filter_transform(w, p: ConvProblem, scratch, swap: bool = False):
     """U (α², C, K) = (G ⊗ G) @ w (K, C, 3, 3), channels-in first: the GEMMs' right operand
     (swap: U (α², K, C), the spectrum of w with its channel axes swapped)."""
-    _, g, _ = _matrices(p.dtype)
+    g = _matrices(p.dtype)[1]
     k, c = w.shape[:2]
-    if swap:
-        wt = np.ascontiguousarray(w).reshape(k * c, 9)
-    else:
-        wt = scratch("wjit.wt", (c, k, 9), p.dtype)
-        wt[...] = w.reshape(k, c, 9).transpose(1, 0, 2)
-        wt = wt.reshape(c * k, 9)
+    wt = scratch("wjit.wt", (k, c, 3, 3) if swap else (c, k, 3, 3), p.dtype)
+    wt[...] = w if swap else w.transpose(1, 0, 2, 3)
+    wt = wt.reshape(-1, 9)
     u = scratch("wjit.u", (ALPHA * ALPHA, k * c), p.dtype)
     np.matmul(g, wt.T, out=u)
     return u.reshape((ALPHA * ALPHA, k, c) if swap else (ALPHA * ALPHA, c, k))
