@@ -107,9 +107,9 @@ class JitWinograd(ConvAlgorithm):
             for b0, b1 in _blocks(n0, n1, self.block(p)):
                 t = (b1 - b0) * tiles(p)
                 v = s("wjit.v", (a2, t, p.c), p.dtype)
-                _gather(x[b0:b1], v, bt, -p.pt, -p.pl, p, s)
+                _gather(x[b0:b1], v, bt, -p.pt, -p.pl, p)
                 dm = s("wjit.m", (a2, t, p.k), p.dtype)
-                _gather(dy[b0:b1], dm, a, 0, 0, p, s)
+                _gather(dy[b0:b1], dm, a, 0, 0, p)
                 # per (ξ, ν): dU (K, C) = dMᵀ (K, T) @ V (T, C)
                 target = du if b0 == n0 else s("wjit.du_block", du.shape, p.dtype)
                 np.matmul(dm.transpose(0, 2, 1), v, out=target)
@@ -141,28 +141,22 @@ class JitWinograd(ConvAlgorithm):
             for b0, b1 in _blocks(n0, n1, self.block(p)):
                 t = (b1 - b0) * tiles(p)
                 v = s("wjit.v", (a2, t, p.c), p.dtype)
-                _gather(x[b0:b1], v, bt, -p.pt, -p.pl, p, s)
+                _gather(x[b0:b1], v, bt, -p.pt, -p.pl, p)
                 prod = s("wjit.m", (a2, t, p.k), p.dtype)
                 np.matmul(v, u, out=prod)          # per (ξ, ν): M (T, K) = V (T, C) @ U (C, K)
-                image, half = (s(f"wjit.scatter{i}", shape, p.dtype) for i, shape in enumerate(
-                    kernels.scatter_buffers(p.k, ALPHA, M, p.dh, p.dw, th, tw)))
-                kernels.scatter(prod, y[b0:b1], at, bias, p.dh, p.dw, th, tw, image, half)
+                kernels.scatter(prod, y[b0:b1], at, bias, p.dh, p.dw, th, tw)
 
         parallel.chunks(np, p.n, work, work=_work(p))
         if y is not out:
             out[...] = y
 
 
-def _gather(src, dst, mat, top: int, left: int, p: ConvProblem, scratch) -> None:
-    """The compiled gather of src's tiles into dst, with buffers from scratch."""
+def _gather(src, dst, mat, top: int, left: int, p: ConvProblem) -> None:
+    """dst (α², T, channels) = the transformed phase tiles of src (compiled)."""
     from netrun.jit import winograd as kernels
 
     th, tw = _tiles(p)
-    shapes = kernels.gather_buffers(src.shape[1], mat.shape[0], mat.shape[1], M, p.dh, p.dw,
-                                    th, tw)
-    key = "wjit.gather" + ("x" if mat.shape[1] == ALPHA else "dy")
-    image, half = (scratch(f"{key}{i}", shape, p.dtype) for i, shape in enumerate(shapes))
-    kernels.gather(src, dst, mat, M, top, left, p.dh, p.dw, th, tw, image, half)
+    kernels.gather(src, dst, mat, M, top, left, p.dh, p.dw, th, tw)
 
 
 def _fallback(p: ConvProblem) -> ConvAlgorithm:

@@ -20,8 +20,8 @@ CASES = {
     "winograd_f4x4": (dict(kernel=3, pad=1), (16, 16, 32, 32), (16, 16, 3, 3)),
     "gemm_1x1": (dict(kernel=1), (16, 16, 32, 32), (16, 16, 1, 1)),
     "depthwise": (dict(kernel=3, pad=1, group=16), (16, 16, 32, 32), (16, 1, 3, 3)),
-    # compiled: its kernels take every buffer from the workspace (tracemalloc cannot see
-    # Numba's own allocations, so the kernels allocate nothing either)
+    # compiled: its scratch comes from the workspace like every algorithm's (the kernels'
+    # one-image working copies come from the C heap, which tracemalloc does not see)
     "winograd_jit": (dict(kernel=3, pad=1), (16, 16, 32, 32), (16, 16, 3, 3)),
 }
 LIMIT = 256 << 10   # NumPy's ufunc buffers (8192 elements per operand) and Python objects
