@@ -42,16 +42,24 @@ CONV_SHAPES = {   # name: (N, C, H, W, K, kernel, stride, pad, dilation, group)
 NETS = {"lenet": ("zoo/lenet.yaml", 64), "cifar10_quick": ("zoo/cifar10_quick.yaml", 100)}
 
 
+SETTLE_MS = 30.0
+
+
 def alternate(fns: dict, reps: int, block: int = 4) -> dict[str, float]:
     """Median milliseconds of each callable, measured in interleaved blocks of repetitions.
 
-    Each block starts with one untimed run: the previous library's worker threads (OpenBLAS
-    and OpenMP spin for a while after each call) would otherwise be charged to this one.
+    Each block starts with untimed runs, at least one and together at least SETTLE_MS: the
+    previous library's worker threads (OpenMP and OpenBLAS spin for several milliseconds
+    after each call) would otherwise be charged to this one, most of all on sub-millisecond
+    passes.
     """
     times: dict[str, list[float]] = {k: [] for k in fns}
     while min(len(v) for v in times.values()) < reps:
         for k, f in fns.items():
+            settle = time.perf_counter() + SETTLE_MS / 1e3
             f()
+            while time.perf_counter() < settle:
+                f()
             for _ in range(min(block, reps - len(times[k])) or 1):
                 t0 = time.perf_counter()
                 f()
