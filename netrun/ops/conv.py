@@ -13,6 +13,8 @@ out when nobody wants it (the first conv of a net), so its presence is the outpu
 """
 from __future__ import annotations
 
+import numpy as np
+
 from netrun.core.gradient import register_gradient
 from netrun.core.memory import register_scratch_estimate
 from netrun import jit
@@ -304,10 +306,17 @@ def _prepare(ctx) -> None:
 
 @register_scratch_estimate("Conv", "ConvGradient", "ConvTranspose", "ConvTransposeGradient")
 def _scratch_estimate(ws, op, args, ins) -> int:
-    """Scratch of the algorithms this op will pick, so a memory plan can fault it in at bind."""
-    from netrun.algos.search import choose
+    """Scratch of the algorithms this op will pick, so a memory plan can fault it in at bind.
+
+    This is the op's first look at its shapes, at bind time: on the CPU its chosen algorithms
+    also warm up here (search.warm_up), which the first iteration would otherwise pay for.
+    """
+    from netrun.algos.search import choose, op_directions, warm_up
 
     problem, _ = _conv_problem(args, ins[:2], op.type.startswith("ConvTranspose"))
+    if ws.backend.xp is np:
+        for d in op_directions(op, args):
+            warm_up(choose(ws, problem, d, ws.backend, args.algo), problem, d, np)
     return max(choose(ws, problem, d, ws.backend, args.algo).workspace_bytes(problem)
                for d in ("forward", "backward_data", "backward_filter"))
 

@@ -31,8 +31,9 @@ def fresh_state():
     cache.forget_loaded()
 
 
-def conv_net(ws, x_shape=(4, 3, 10, 10), k=8, kernel=3, pad=1, seed=0, **args):
-    """A bound net: Conv and its gradient (with dX), inputs fed."""
+def conv_net(ws, x_shape=(4, 3, 10, 10), k=8, kernel=3, pad=1, seed=0, planned=False, **args):
+    """A bound net: Conv and its gradient (with dX), inputs fed (planned: bound through
+    ws.create_net, which plans its memory)."""
     rng = np.random.default_rng(seed)
     c = x_shape[1]
     ws.feed_blob("X", rng.standard_normal(x_shape).astype(np.float32))
@@ -42,7 +43,8 @@ def conv_net(ws, x_shape=(4, 3, 10, 10), k=8, kernel=3, pad=1, seed=0, **args):
     grads, _ = netrun.gradient_ops(fwd)
     h = x_shape[2] + 2 * pad - kernel + 1
     ws.feed_blob("Y_grad", rng.standard_normal((x_shape[0], k, h, h)).astype(np.float32))
-    return SimpleNet(netrun.NetDef("n", [fwd, *grads]), ws)
+    net = netrun.NetDef("n", [fwd, *grads])
+    return ws.create_net(net) if planned else SimpleNet(net, ws)
 
 
 def fake_times(monkeypatch, times: dict[str, float]):
@@ -269,3 +271,46 @@ def test_heuristic_respects_the_candidates():
     only = [ALGORITHMS["winograd_f2x2"], ALGORITHMS["im2col_gemm"]]
     assert heuristic_choice(p, "forward", only).name == "im2col_gemm"
     assert heuristic_choice(p, "forward", [ALGORITHMS["fft"]]).name == "fft"
+
+
+# Bind time: the rules' picks and warm-ups ------------------------------------------------------
+def test_binding_picks_and_warms_so_the_first_run_works_nothing_out(monkeypatch):
+    """The memory plan made at bind asks for each direction's algorithm (remembered on the
+    workspace) and warms it on a one-image copy; the first run then neither recomputes the
+    rules nor runs anything but the full batch."""
+    seen = []
+    real_candidates = search.candidates
+    monkeypatch.setattr(search, "candidates",
+                        lambda p, s: seen.append(("rules", p.n)) or real_candidates(p, s))
+    algo = ALGORITHMS["im2col_gemm"]
+    for direction in ("forward", "backward_data", "backward_filter"):
+        real = getattr(algo, direction)
+        monkeypatch.setattr(algo, direction, lambda xp, a, b, p, *rest, real=real, d=direction,
+                            **kw: seen.append((d, p.n)) or real(xp, a, b, p, *rest, **kw))
+    monkeypatch.setattr(search, "_WARMED", set())
+    ws = netrun.Workspace()
+    net = conv_net(ws, x_shape=(4, 3, 9, 9), planned=True)    # binds: plan, picks, warm-ups
+    assert ("forward", 1) in seen and ("backward_filter", 1) in seen
+    assert ("backward_data", 1) in seen
+    assert all(n == 4 for what, n in seen if what == "rules")   # picked for the real batch
+    seen.clear()
+    net.run()
+    assert [s for s in seen if s[0] == "rules"] == []
+    assert {n for _, n in seen} == {4}
+    assert [o.ctx.state["algo"] for o in net.ops] == ["im2col_gemm", "im2col_gemm"]
+    # another workspace with the same problem: picks again, but warm-ups are per process
+    seen.clear()
+    conv_net(netrun.Workspace(), x_shape=(4, 3, 9, 9), planned=True)
+    assert ("rules", 4) in seen and all(n != 1 for _, n in seen)
+
+
+def test_changing_the_settings_changes_the_remembered_picks(tmp_path):
+    ws = netrun.Workspace()
+    p = ConvProblem(4, 64, 9, 9, 64, 3, 3, 1, 1, 1, 1, 1, 1)
+    first = search.choose(ws, p, "forward", ws.backend)
+    algos.configure(ws, workspace_limit=0)        # nothing fits: the least scratch wins
+    limited = search.choose(ws, p, "forward", ws.backend)
+    assert limited.workspace_bytes(p) == min(a.workspace_bytes(p) for a in
+                                             search.applicable_algorithms(p))
+    algos.configure(ws, workspace_limit=None)
+    assert search.choose(ws, p, "forward", ws.backend) is first
