@@ -22,7 +22,7 @@ import numpy as np
 
 from netrun import jit
 from netrun.algos import parallel
-from netrun.algos.winograd import _MATRICES
+from netrun.algos.winograd import _MATRICES, data_gradient_problem
 from netrun.ops.conv_algos import (ALGORITHMS, ConvAlgorithm, ConvProblem, register_algorithm,
                                    sum_bias)
 
@@ -73,13 +73,7 @@ class JitWinograd(ConvAlgorithm):
         if not jit.enabled(xp):
             _fallback(p).backward_data(xp, dy, w, p, out, scratch)
             return
-        # dX = the full correlation of dY with W rotated by 180° and its channel axes
-        # swapped: pads 2·d - pad give exactly H×W; larger pads compute more and crop.
-        pads = [2 * p.dh - p.pt, 2 * p.dw - p.pl, 2 * p.dh - p.pb, 2 * p.dw - p.pr]
-        crop = min(pads) < 0
-        if crop:
-            pads = [2 * p.dh, 2 * p.dw, 2 * p.dh, 2 * p.dw]
-        q = ConvProblem(p.n, p.k, p.oh, p.ow, p.c, 3, 3, 1, 1, *pads, p.dh, p.dw, 1, p.dtype)
+        q, crop = data_gradient_problem(p)
         u = _filter_transform(w[:, :, ::-1, ::-1], p, scratch, swap=True)
         dy = np.ascontiguousarray(dy)
         zero = _zeros(scratch, p.c, p.dtype)

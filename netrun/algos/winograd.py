@@ -123,13 +123,7 @@ class _Winograd(ConvAlgorithm):
                 out[n0:n1] = full.reshape(b, p.k, th * m, tw * m)[:, :, :p.oh, :p.ow]
 
     def backward_data(self, xp, dy, w, p, out, scratch):
-        # dX = full correlation of dY with W rotated by 180° and its channel axes swapped:
-        # pads 2 - pad give exactly H×W; larger pads compute the padded image and crop.
-        pads = [2 - q for q in (p.pt, p.pl, p.pb, p.pr)]
-        crop = min(pads) < 0
-        if crop:
-            pads = [2, 2, 2, 2]
-        q = ConvProblem(p.n, p.k, p.oh, p.ow, p.c, 3, 3, 1, 1, *pads, 1, 1, p.group, p.dtype)
+        q, crop = data_gradient_problem(p)
         wf = scratch("wino.w_flip", (p.group, p.cg, p.kg, 3, 3), w.dtype)
         wf[...] = w.reshape(p.group, p.kg, p.cg, 3, 3)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
         u = self._filter(xp, wf.reshape(p.c, p.kg, 3, 3), q, scratch)
@@ -163,6 +157,18 @@ class _Winograd(ConvAlgorithm):
         xp.matmul(kg.T, du.reshape(a2, -1), out=dw.reshape(9, -1))
         out[...] = dw.transpose(2, 3, 0, 1)
         sum_bias(xp, dy, dbias)
+
+
+def data_gradient_problem(p: ConvProblem) -> tuple[ConvProblem, bool]:
+    """dX of a 3×3 stride-1 conv as a correlation: dY with W rotated by 180° and its channel
+    axes swapped, pads 2·d - pad (exactly H×W), and whether it must be cropped: larger pads
+    than 2·d compute the whole padded image instead."""
+    pads = [2 * p.dh - p.pt, 2 * p.dw - p.pl, 2 * p.dh - p.pb, 2 * p.dw - p.pr]
+    crop = min(pads) < 0
+    if crop:
+        pads = [2 * p.dh, 2 * p.dw, 2 * p.dh, 2 * p.dw]
+    return ConvProblem(p.n, p.k, p.oh, p.ow, p.c, 3, 3, 1, 1, *pads, p.dh, p.dw, p.group,
+                       p.dtype), crop
 
 
 def _pad(buf, x, top: int, left: int) -> None:
