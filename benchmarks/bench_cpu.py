@@ -83,8 +83,8 @@ def torch_net(torch, name: str):
 
 
 def bench_net(torch, name: str, reps: int, mode: str, first_samples: int) -> list[dict]:
-    from netrun import algos
-    from netrun.profile_setup import prepare
+    from netrun import conv as algos
+    from netrun.profile.targets import prepare
 
     path, batch = NETS[name]
     rows = []
@@ -124,8 +124,8 @@ def fresh_first_run(name: str, phase: str, mode: str) -> float:
 
 def first_run(name: str, phase: str, mode: str) -> float:
     """Bind the net as bench_net does and time its first run (the --first-run child)."""
-    from netrun import algos
-    from netrun.profile_setup import prepare
+    from netrun import conv as algos
+    from netrun.profile.targets import prepare
 
     path, batch = NETS[name]
     target = prepare(str(REPO / path), batch, "cpu", forward_only=(phase == "inference"))
@@ -138,9 +138,9 @@ def first_run(name: str, phase: str, mode: str) -> float:
 # Single convolutions --------------------------------------------------------------------------
 def bench_convs(torch, reps: int, mode: str) -> list[dict]:
     import netrun
-    from netrun import algos
-    from netrun.algos.search import choose, run_for
-    from netrun.ops.conv_algos import ConvProblem
+    from netrun import conv as algos
+    from netrun.conv.select import choose, run_direction
+    from netrun.conv.algorithm import ConvProblem
 
     rows = []
     aten = torch.ops.aten
@@ -167,8 +167,8 @@ def bench_convs(torch, reps: int, mode: str) -> list[dict]:
                 [False, True, True])),
         }
         for pass_name, ((direction, args, out), torch_fn) in passes.items():
-            run = run_for(direction, p, args, out, ws.scratch, np)
-            algo = choose(ws, p, direction, ws.backend, "", run)
+            run = run_direction(direction, p, args, out, ws.scratch, np)
+            algo = choose(ws.conv, p, direction, ws.backend, "", run)
             extra = {"forward": {"bias": bias}, "backward_filter": {"dbias": db}}.get(direction, {})
             method = getattr(algo, direction)
 

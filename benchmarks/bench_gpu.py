@@ -146,8 +146,8 @@ def _model_path(name: str, folder: Path) -> str:
 
 
 def bench_net(torch, name: str, device: str, reps: int, mode: str, folder: Path) -> list[dict]:
-    from netrun import algos
-    from netrun.profile_setup import prepare
+    from netrun import conv as algos
+    from netrun.profile.targets import prepare
 
     _, batch = NETS[name]
     tdev = "cuda" if device.startswith("gpu") else "cpu"
@@ -201,8 +201,8 @@ def _free(torch, backend, tdev: str) -> None:
 # Single convolutions --------------------------------------------------------------------------
 def bench_convs(torch, device: str, reps: int, mode: str) -> list[dict]:
     import netrun
-    from netrun import algos
-    from netrun.ops.conv_algos import ConvProblem
+    from netrun import conv as algos
+    from netrun.conv.algorithm import ConvProblem
 
     tdev = "cuda" if device.startswith("gpu") else "cpu"
     ws = netrun.Workspace(device)
@@ -213,10 +213,6 @@ def bench_convs(torch, device: str, reps: int, mode: str) -> list[dict]:
     aten, rows = torch.ops.aten, []
     for name, (n, c, h, w, k, ker, s, pad, d, g) in CONV_SHAPES.items():
         p = ConvProblem(n, c, h, w, k, ker, ker, s, s, pad, pad, pad, pad, d, d, g)
-        if tdev == "cuda":
-            from netrun.algos.gpu.base import GPUConvProblem
-
-            p = GPUConvProblem.of(p)
         rng = np.random.default_rng(0)
         host = {"x": rng.standard_normal((n, c, h, w), dtype=np.float32),
                 "w": rng.standard_normal((k, c // g, ker, ker), dtype=np.float32),
@@ -260,15 +256,11 @@ def bench_convs(torch, device: str, reps: int, mode: str) -> list[dict]:
 
 
 def _choose(ws, p, direction: str, args, out):
-    """The algorithm netrun would run for this pass (the GPU's or the CPU's selection)."""
-    if ws.backend.name == "gpu":
-        from netrun.algos.gpu import search
+    """The algorithm netrun would run for this pass on the workspace's backend."""
+    from netrun.conv.select import choose, run_direction
 
-        return search.choose(ws, p, direction, ws.backend, "", ws.scratch)
-    from netrun.algos.search import choose, run_for
-
-    return choose(ws, p, direction, ws.backend, "",
-                  run_for(direction, p, args, out, ws.scratch, ws.backend.xp))
+    return choose(ws.conv, p, direction, ws.backend, "",
+                  run_direction(direction, p, args, out, ws.scratch, ws.backend.xp))
 
 
 # Report ---------------------------------------------------------------------------------------

@@ -8,9 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from netrun.caffe import data_config
 from netrun.core.workspace import Workspace
 from netrun.errors import NetrunError
+from netrun.model import load_model
 from netrun.train import checkpoint as ckpt
+from netrun.train.config import expand
+from netrun.train.data import make_source, make_transform, parse_spec
+from netrun.weights import load_weights
 
 
 @dataclass
@@ -52,9 +57,6 @@ class Predictor:
     def from_model(cls, path: str | os.PathLike, weights: str | os.PathLike,
                    device: str = "cpu") -> "Predictor":
         """A model file (.prototxt, .yaml, .pbtxt) with weights from a caffemodel or checkpoint."""
-        from netrun.model import load_model
-        from netrun.train.weights import load_weights
-
         model = load_model(path)
         ws = Workspace(device, seed=0)
         ws.run_net_once(model.init_net)
@@ -62,8 +64,6 @@ class Predictor:
         inputs = {n: (None if s is None else [list(s.shape), s.dtype]) for n, s in model.inputs.items()}
         config = None
         if hasattr(model, "data_layers"):      # a Caffe net: its TEST data layer's transform
-            from netrun.caffe import data_config
-
             try:
                 config = {"data": data_config(model)}
             except Exception:
@@ -73,8 +73,6 @@ class Predictor:
 
     def transform(self):
         """The test-time transform of the training config (scale, mean, crop)."""
-        from netrun.train.data import make_transform
-
         cfg = self.config.get("data", {}) or {}
         return make_transform(cfg.get("transform"))
 
@@ -146,9 +144,6 @@ def _read_file(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def _read_spec(spec: str, predictor: Predictor, data_dir: str | None):
-    from netrun.train.config import expand
-    from netrun.train.data import make_source, parse_spec
-
     cfg, part = parse_spec(spec)
     if cfg["source"].endswith("-10k"):                 # mnist-10k:test is mnist, split mnist-10k
         cfg = {"source": cfg["source"][: -len("-10k")], "split": "mnist-10k"}

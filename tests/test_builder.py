@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import netrun
-from netrun.core.builder import LAYERS, ModelBuilder, filler_op, options
+from netrun.model.builder import LAYERS, ModelBuilder, filler_op, options
 from netrun.errors import NetrunError, ShapeError
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from netrun.errors import ConfigError
-from netrun.train.lr_policy import LRPolicy, lr_at
+from netrun.ops.lr_policy import LRPolicy, lr_at
 
 
 @pytest.mark.parametrize("cfg, expected", [

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import netrun
-from netrun import jit
+from netrun.kernels import jit
 from netrun.backends.cpu import HostBlock, host_block
 from netrun.core import memory
 from netrun.core.memory import MIN_PLAN_BYTES, ScratchArena, UnknownInput, WorkspaceMemory, plan_net
@@ -242,7 +242,7 @@ def test_backends_without_host_memory_keep_scratch_per_key_and_plan_nothing():
 
 
 def _train(model: str, poison: int | None) -> dict[str, np.ndarray]:
-    from netrun.profile_setup import prepare
+    from netrun.profile.targets import prepare
 
     target = prepare(str(REPO / "zoo" / model), 8, "cpu", forward_only=False)
     ws = target.net.ws

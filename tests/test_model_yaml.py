@@ -11,7 +11,7 @@ from netrun.core.schema import TensorSpec
 from netrun.errors import NetrunError, ParseError
 from netrun.model import load_model
 from netrun.proto.io import save_netdef
-from netrun.proto.model_yaml import model_from_yaml
+from netrun.model.yaml_model import model_from_yaml
 from netrun.proto.yaml_marks import check_keys, error_at, load_yaml
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 import netrun
 from netrun.errors import NetrunError, ParseError
 from netrun.proto.defs import NetDef
-from netrun.proto.io import load_netdef, read_text, save_netdef
+from netrun.proto.io import load_netdef, save_netdef
+from netrun.util.files import read_text
 from netrun.proto.pbtxt import netdef_from_text, netdef_to_text
 from tests.netdefs import canonical, netdefs
 

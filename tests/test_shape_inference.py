@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import netrun
-from netrun.core.builder import ModelBuilder
+from netrun.model.builder import ModelBuilder
 from netrun.core.schema import TensorSpec
 from netrun.core.shape_inference import NetShapes, count_params, infer_op, infer_shapes
 from netrun.errors import SchemaError, ShapeError, UnknownOpError

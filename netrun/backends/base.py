@@ -124,6 +124,11 @@ class Backend:
         """True when the array is not a view of another (so it may be written in place)."""
         return array.base is None
 
+    def library_versions(self) -> dict[str, str]:
+        """Versions of the device libraries that change which algorithm is fastest (cache
+        keys); the CPU's NumPy and BLAS are read by the cache itself."""
+        return {}
+
     def synchronize(self) -> None:
         """Wait until queued device work is done (FinishDeviceComputation)."""
 

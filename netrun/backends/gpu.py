@@ -1,12 +1,12 @@
-"""The GPU backend on CuPy (imported lazily: only this module and gpu_kernels touch cupy).
+"""The GPU backend on CuPy (imported lazily: only this module imports cupy).
 
 One backend per device: its CUDA stream is made current (sticky, per thread) whenever a
 workspace on it feeds, fetches or runs, so every kernel — CuPy's, cuBLAS's and netrun's own —
 queues on it in order. Host↔device copies go through `to_device` / `to_host` only (counted in
 `transfers`); `to_host` and `synchronize` are the points where the host waits for the device,
-and where errors that kernels flagged (a label out of range) are raised. Creating the backend
-registers the GPU kernels (`netrun.backends.gpu_kernels`) and the GPU convolution algorithms
-(`netrun.algos.gpu`), so CPU-only users never import either.
+and where errors that kernels flagged (a label out of range) are raised. The GPU kernels
+(`netrun.ops.gpu`) and convolution algorithms (`netrun.conv.gpu`) are registered under the
+backend's name "gpu" with everything else; creating a backend changes no shared state.
 """
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from netrun.backends.base import Backend
+from netrun.backends.cuda.checks import DeviceChecks
+from netrun.backends.cuda.cudnn import cudnn_version
+from netrun.backends.cuda.random import DeviceGenerator
 from netrun.errors import BackendError
 
 
@@ -61,18 +64,7 @@ class GPUBackend(Backend):
         self.pool = cupy.get_default_memory_pool()
         self._peak_held = 0
         self._versions: dict[str, str] | None = None
-        from netrun.backends.gpu_kernels.checks import DeviceChecks
-
         self.checks = DeviceChecks(self)
-        self._register()
-
-    @staticmethod
-    def _register() -> None:
-        """Register the GPU kernels (on import) and the GPU convolution algorithms."""
-        import netrun.backends.gpu_kernels  # noqa: F401
-        from netrun.algos.gpu import register
-
-        register()
 
     @property
     def device(self) -> str:
@@ -122,8 +114,6 @@ class GPUBackend(Backend):
     # Random numbers --------------------------------------------------------------------------
     def new_rng(self, seed: int | None) -> Any:
         """A counter-based device generator whose state is two integers (exact checkpoints)."""
-        from netrun.backends.gpu_kernels.random import DeviceGenerator
-
         return DeviceGenerator(self.xp, seed)
 
     # Timing ----------------------------------------------------------------------------------
@@ -176,8 +166,6 @@ class GPUBackend(Backend):
                         "cuda_runtime": str(runtime.runtimeGetVersion()),
                         "cuda_driver": str(runtime.driverGetVersion()),
                         "compute_capability": self.compute_capability}
-            from netrun.algos.gpu.cudnn import cudnn_version
-
             cudnn = cudnn_version()
             if cudnn:
                 versions["cudnn"] = cudnn

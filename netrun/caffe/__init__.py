@@ -7,7 +7,8 @@
     caffe_to_yaml(model) -> str                   (raw ops/init_ops model YAML)
     is_solver_file(path) -> bool
 
-`netrun.load_model("x.prototxt")` goes through load_caffe_model.
+`netrun.load_model("x.prototxt")` goes through load_caffe_model (registered as the .prototxt
+format on import).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ __all__ = ["CaffeModel", "DataLayer", "load_caffe_model", "solver_to_config", "i
 
 
 def __getattr__(name: str):
-    # The solver, data, weights and YAML parts load on first use.
+    # The solver, data, weights and YAML parts load on first use: the solver and data parts
+    # bring the trainer's config and data sources, which loading a model does not need.
     modules = {"solver_to_config": "solver", "is_solver_file": "solver",
                "data_sources_of": "data", "data_config": "data",
                "load_caffe_weights": "weights", "read_caffe_weights": "weights",

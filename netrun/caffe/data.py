@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from netrun.caffe.paths import candidates, find_file
 from netrun.caffe.layers.data import DataLayer
+from netrun.caffe.paths import candidates, find_file
 from netrun.caffe.wire import read_blobproto
 from netrun.errors import ConfigError
+from netrun.train.data import SOURCES
 
 # Substring of a Data layer's source path -> netrun data source.
 GUESSES = (("fashion", "fashion-mnist"), ("mnist", "mnist"), ("cifar", "cifar10"))
@@ -74,8 +75,6 @@ def _guess_source(train: DataLayer, test: DataLayer | None, base: Path) -> dict[
     source = (train.source or "").lower()
     for key, name in GUESSES:
         if key in source:
-            from netrun.train.data import SOURCES
-
             if name not in SOURCES:
                 raise ConfigError(f"{train.where}: data layer '{train.name}' reads "
                                   f"'{train.source}' ({name}), which netrun has no data source "

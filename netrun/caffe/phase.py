@@ -20,14 +20,11 @@ from netrun.caffe.layers import LAYERS
 from netrun.core.gradient import gradient_ops, has_gradient
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import NetrunError, suggest
-from netrun.proto.defs import OperatorDef, op as make_op
+from netrun.proto.defs import OperatorDef
+from netrun.proto.defs import op as make_op
 
 if TYPE_CHECKING:
     from netrun.caffe.translate import ModelTranslator
-
-LAYER_FIELDS = ("name", "type", "bottom", "top", "include", "exclude", "phase", "loss_weight",
-                "param", "propagate_down")
-
 
 @dataclass
 class LayerRecord:

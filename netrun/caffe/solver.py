@@ -12,9 +12,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from netrun.caffe.data import data_config
 from netrun.caffe.fields import Fields, Problems, Skip
 from netrun.caffe.paths import candidates, find_file
 from netrun.errors import ConfigError, NetrunError
+from netrun.model import load_model
+from netrun.ops.lr_policy import LRPolicy
 from netrun.proto.textformat import parse_file
 from netrun.train.config import SolverConfig, TrainConfig
 
@@ -47,9 +50,6 @@ def solver_to_config(path: str | Path, data_override: dict | None = None,
     (see netrun.caffe.data.data_config; `data_override` picks the source, e.g.
     {"source": "mnist", "split": "mnist-10k"}). `weights` (a .caffemodel to start from) is
     recorded in raw["weights"] for the caller to load after the trainer starts."""
-    from netrun.caffe.data import data_config
-    from netrun.model import load_model
-
     path = Path(path)
     msg = parse_file(path)
     problems = Problems(msg.source)
@@ -161,8 +161,6 @@ def _solver(f: Fields, notes: list[str]) -> SolverConfig:
 
 def _policy(f: Fields, max_iter: int) -> dict[str, Any]:
     """lr_policy and its keys as the config's lr_policy mapping, validated now."""
-    from netrun.train.lr_policy import LRPolicy
-
     name = f.get("lr_policy", "fixed", "str")
     if name not in POLICY_KEYS:
         raise f.skip(f"lr_policy '{name}' is not one of {', '.join(POLICY_KEYS)}",

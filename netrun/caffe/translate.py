@@ -21,7 +21,7 @@ from netrun.caffe.phase import PhaseTranslator
 from netrun.caffe.v1 import layer_messages
 from netrun.core.schema import TensorSpec
 from netrun.errors import NetrunError, suggest
-from netrun.model import Model, Param
+from netrun.model import Model, Param, register_format
 from netrun.proto.defs import NetDef, OperatorDef
 from netrun.proto.textformat import Message, parse_file
 
@@ -261,6 +261,7 @@ def _predict(test: PhaseTranslator) -> tuple[list[OperatorDef], list[str]]:
     return [o for o in test.ops if id(o) in keep], outputs
 
 
+@register_format(".prototxt")
 def load_caffe_model(path: str | Path, stages: Sequence[str] = (), level: int = 0,
                      input_shapes: dict[str, Sequence[int]] | None = None,
                      data_inputs: list[str] | None = None) -> CaffeModel:

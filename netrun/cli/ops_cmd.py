@@ -25,7 +25,7 @@ def ops(type: str | None, as_json: bool) -> None:
                         "yes" if r["gradient"] else "no", _clip(r["doc"], 72)] for r in rows))
         console.info(f"{len(rows)} operators; `netrun ops TYPE` shows one in full")
         return
-    from netrun.proto.model_yaml import lookup_schema
+    from netrun.model.yaml_model import lookup_schema
 
     detail = _detail(lookup_schema(type))
     if as_json:

@@ -29,11 +29,10 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
             compare_algos, algo_search, workspace_limit):
     """Time every operator of a model, train config or checkpoint (Caffe's `caffe time`)."""
     import json
-
-    from netrun.profile import profile_net
-    from netrun.profile_setup import prepare
-
     import warnings
+
+    from netrun.profile.targets import prepare
+    from netrun.profile.timing import profile_net
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -89,12 +88,16 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
 
 def _compare(net) -> dict[str, list[tuple[str, float]]]:
     """Each conv op's applicable algorithms with their times, fastest first."""
-    from netrun.algos import compare_algorithms
+    from netrun.conv import compare_algorithms, op_directions
 
     out = {}
     for i, op in enumerate(net.ops):
-        if op.def_.type in ("Conv", "ConvGradient", "ConvTranspose", "ConvTransposeGradient"):
-            out[op.def_.name or f"{op.def_.type}_{i}"] = compare_algorithms(op)
+        plan = op.ctx.state.get("plan")
+        if plan is None:   # not a conv op (every conv op has a plan once the net has run)
+            continue
+        directions = op_directions(op.def_.type, len(op.def_.outputs), bool(op.args.no_bias))
+        out[op.def_.name or f"{op.def_.type}_{i}"] = compare_algorithms(
+            plan.problem, op.ws.backend, directions, op.ws.scratch)
     return out
 
 

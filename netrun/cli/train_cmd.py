@@ -61,7 +61,7 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, data_sp
     if resume:
         console.info(f"resumed from {resume} at iteration {trainer.iteration}")
     elif weights:
-        from netrun.train.weights import load_weights
+        from netrun.weights import load_weights
 
         console.info(f"initial weights: {load_weights(trainer.ws, weights, trainer.model)}")
 
@@ -157,7 +157,13 @@ def _progress(total: int, done: int, as_json: bool):
     """A rich progress bar on an interactive stderr; None when piped or with --json."""
     if as_json or not console.interactive or console.verbosity < 0:
         return None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"), TimeRemainingColumn(),

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from netrun.errors import CheckpointError
+from netrun.errors import CheckpointError, suggest
+from netrun.util.atomic import discard, publish, temp_path_beside
 
 FORMAT_VERSION = 1
 _COMPLETE = "netrun_complete"
@@ -33,8 +33,7 @@ class H5Writer:
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Unique per write: an interrupted write's leftover never blocks the next one.
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.tmp = temp_path_beside(self.path)
         self._f = None
         try:
             self._f = h5py.File(self.tmp, "w")
@@ -66,27 +65,17 @@ class H5Writer:
             self._f.attrs[_COMPLETE] = 1
             self._f.flush()
             self._f.close()
-            with open(self.tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(self.tmp, self.path)
+            publish(self.tmp, self.path)
         except BaseException:
             self.abort()
             raise
-        try:
-            fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:  # directories cannot be fsynced on every platform
-            pass
 
     def abort(self) -> None:
         try:
             if self._f is not None:
                 self._f.close()
         finally:
-            self.tmp.unlink(missing_ok=True)
+            discard(self.tmp)
 
     def __enter__(self) -> "H5Writer":
         return self
@@ -168,8 +157,6 @@ DB_TYPES = {"h5": (H5Writer, H5Reader)}
 
 def open_db(path: str | os.PathLike, mode: str, db_type: str = "h5"):
     """A writer (mode 'w') or reader (mode 'r') of the given db_type."""
-    from netrun.errors import suggest
-
     if db_type not in DB_TYPES:
         raise CheckpointError(f"unknown db_type '{db_type}'{suggest(db_type, DB_TYPES)}")
     writer, reader = DB_TYPES[db_type]

@@ -10,8 +10,10 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Iterable, Sequence
 
+from netrun.core.schema import get_schema
 from netrun.errors import GradientError
-from netrun.proto.defs import NetDef, OperatorDef, op as make_op
+from netrun.proto.defs import NetDef, OperatorDef
+from netrun.proto.defs import op as make_op
 
 GradientMaker = Callable[["GradientContext"], list[OperatorDef]]
 _MAKERS: dict[str, GradientMaker] = {}
@@ -31,9 +33,6 @@ def register_gradient(type: str) -> Callable[[GradientMaker], GradientMaker]:
 
 def has_gradient(type: str) -> bool:
     """Whether a gradient maker is registered for `type`."""
-    from netrun.core.schema import _load_ops
-
-    _load_ops()
     return type in _MAKERS
 
 
@@ -102,8 +101,6 @@ class GradientContext:
 
 
 def _run_maker(forward: OperatorDef, output_grads, needed=None, fresh=None):
-    from netrun.core.schema import get_schema
-
     ctx = GradientContext(forward, output_grads, needed)
     ops = list(_MAKERS[forward.type](ctx))
     schema = get_schema(forward.type)
@@ -153,8 +150,6 @@ def _split_repeated(ops: list[OperatorDef], grads: dict[int, str],
 
 def gradient_ops(op: OperatorDef) -> tuple[list[OperatorDef], dict[str, str | None]]:
     """Gradient OperatorDefs for one op, given gradients X_grad for all its outputs."""
-    from netrun.core.schema import get_schema
-
     schema = get_schema(op.type)
     if schema.no_gradient:
         return [], {name: None for name in op.inputs}
@@ -174,8 +169,6 @@ def add_gradient_ops(net: NetDef, losses: Sequence[str], params: Iterable[str] |
     With `params`, only gradients that lead to those blobs are computed (the first conv's
     input gradient is skipped, for example); without, every differentiable input gets one.
     """
-    from netrun.core.schema import get_schema
-
     forward = list(net.ops)
     # Versions: each write of a blob bumps its version, so an in-place op's input and
     # output are different versions of the same name.

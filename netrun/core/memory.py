@@ -36,7 +36,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from netrun.core.schema import TensorSpec
+from netrun.core.schema import TensorSpec, get_schema
+from netrun.core.shape_inference import infer_op
 from netrun.proto.defs import NetDef
 
 ALIGN = 256                  # bytes between buffers: whole cache lines, aligned vector loads
@@ -62,6 +63,27 @@ def register_scratch_estimate(*types: str) -> Callable[[ScratchEstimate], Scratc
             if t in _SCRATCH_ESTIMATES:
                 raise ValueError(f"scratch estimate for {t} registered twice")
             _SCRATCH_ESTIMATES[t] = fn
+        return fn
+
+    return wrap
+
+
+# Bind-time warm-ups, registered next to their ops too: fn(ws, op, args, input_specs) runs
+# what the op's first iteration would otherwise pay for once (per-shape tables, compiled
+# dispatch), as soon as a plan knows the op's input shapes. Kept apart from the estimates,
+# which only compute sizes.
+BindWarmup = Callable[[Any, Any, Any, list[TensorSpec]], None]
+_BIND_WARMUPS: dict[str, BindWarmup] = {}
+
+
+def register_bind_warmup(*types: str) -> Callable[[BindWarmup], BindWarmup]:
+    """Decorator: `fn(ws, op, args, input_specs)` warms `types` up when a net is planned."""
+
+    def wrap(fn: BindWarmup) -> BindWarmup:
+        for t in types:
+            if t in _BIND_WARMUPS:
+                raise ValueError(f"bind warm-up for {t} registered twice")
+            _BIND_WARMUPS[t] = fn
         return fn
 
     return wrap
@@ -221,11 +243,9 @@ def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, Te
     of blobs whose arrays an op may write into again (OpContext.output reuses a buffer of the
     same shape and dtype); it is updated with the net's outputs. UnknownInput names the
     first blob read without a known spec. Shape inference stopping at an op (a shape
-    function that cannot say) ends the plan there. `ws` is passed to scratch estimates.
+    function that cannot say) ends the plan there. With `ws`, scratch estimates are asked
+    and ops are warmed up (their bind-time warm-ups).
     """
-    from netrun.core.schema import get_schema
-    from netrun.core.shape_inference import infer_op
-
     specs = dict(known)
     plan = NetPlan()
     for op in net.ops:
@@ -238,12 +258,15 @@ def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, Te
             outs = infer_op(op, ins).outputs
         except Exception:   # the plan is an optimisation: the op itself reports real errors
             break
-        estimate = _SCRATCH_ESTIMATES.get(op.type)
-        if estimate is not None:
+        estimate, warm_up = _SCRATCH_ESTIMATES.get(op.type), _BIND_WARMUPS.get(op.type)
+        if ws is not None and (estimate or warm_up):
             try:
                 args = get_schema(op.type).verify(op)
-                plan.scratch = max(plan.scratch, int(estimate(ws, op, args, ins)))
-            except Exception:   # an estimate that cannot say: the op faults its scratch in
+                if estimate is not None:
+                    plan.scratch = max(plan.scratch, int(estimate(ws, op, args, ins)))
+                if warm_up is not None:
+                    warm_up(ws, op, args, ins)
+            except Exception:   # an optimisation only: the op's own run reports real errors
                 pass
         for name, spec in zip(op.outputs, outs):
             if buffers.get(name) != spec:

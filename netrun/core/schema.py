@@ -218,18 +218,10 @@ def get_schema(type: str) -> OpSchema:
     """The schema of an op type, or UnknownOpError with the closest known name."""
     schema = _SCHEMAS.get(type)
     if schema is None:
-        _load_ops()
-        schema = _SCHEMAS.get(type)
-    if schema is None:
         raise UnknownOpError(f"unknown op type '{type}'{suggest(type, _SCHEMAS)}")
     return schema
 
 
 def all_schemas() -> dict[str, OpSchema]:
     """Every registered schema, by type name."""
-    _load_ops()
     return dict(sorted(_SCHEMAS.items()))
-
-
-def _load_ops() -> None:
-    import netrun.ops  # noqa: F401  (registers every operator family)

@@ -1,15 +1,17 @@
 """The Workspace: blobs by name on one backend, the nets bound to them, and the RNGs."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 from netrun.backends import get_backend
+from netrun.conv.state import ConvState
 from netrun.core.memory import WorkspaceMemory
 from netrun.core.net import SimpleNet
 from netrun.core.operator import Operator
-from netrun.errors import NetrunError
+from netrun.errors import NetrunError, suggest
+from netrun.kernels import parallel
 from netrun.proto.defs import NetDef, OperatorDef
 
 
@@ -25,6 +27,8 @@ class Workspace:
         self.backend.activate()
         self._blobs: dict[str, Any] = {}
         self._nets: dict[str, SimpleNet] = {}
+        # How conv ops pick algorithms here, and what they picked (netrun.conv.configure).
+        self.conv = ConvState()
         self.seed(seed)
 
     @property
@@ -47,8 +51,6 @@ class Workspace:
     def fetch_blob(self, name: str) -> np.ndarray:
         """The blob's value as a host NumPy array (a copy)."""
         if name not in self._blobs:
-            from netrun.errors import suggest
-
             raise NetrunError(f"blob '{name}' does not exist{suggest(name, self._blobs)}")
         self.backend.activate()
         return self.backend.to_host(self._blobs[name])
@@ -97,8 +99,6 @@ class Workspace:
         # Memory planning: the buffers of the first run, faulted in now (or once fed).
         self.memory.plan(net, self._blobs, self)
         if self.backend.xp is np:   # the CPU kernels' worker threads start now, not in a run
-            from netrun.algos import parallel
-
             parallel.start()
         return bound
 
@@ -106,8 +106,6 @@ class Workspace:
         """Run a net created earlier with create_net."""
         net = self._nets.get(name)
         if net is None:
-            from netrun.errors import suggest
-
             raise NetrunError(f"net '{name}' was not created in this workspace{suggest(name, self._nets)}")
         self.backend.activate()
         for _ in range(iterations):
@@ -119,8 +117,5 @@ class Workspace:
         SimpleNet(net, self).run()
 
     def nets(self) -> list[str]:
+        """Names of the nets created in this workspace, sorted."""
         return sorted(self._nets)
-
-    def run_nets(self, nets: Iterable[NetDef]) -> None:
-        for n in nets:
-            self.run_net_once(n)

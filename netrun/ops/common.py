@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from netrun.core.schema import Args, Cost, TensorSpec
+from netrun.core.schema import Arg, Args, Cost, TensorSpec
 from netrun.errors import ShapeError
+from netrun.kernels.geometry import LEGACY_PADS
 
 
 def same_as_input(index: int = 0):
@@ -54,3 +55,23 @@ def normalize_axis(what: str, axis: int, ndim: int, **shapes: tuple) -> int:
         named = ", ".join(f"{role} {fmt(s)}" for role, s in shapes.items())
         raise ShapeError(f"{what}: axis {axis} is out of range for {ndim} dims: {named}")
     return axis % ndim
+
+
+def conv_pool_args() -> tuple[Arg, ...]:
+    """The argument list shared by the Conv, ConvTranspose and pooling schemas."""
+    args = []
+    for base, plural, what in (("kernel", "kernels", "window size"), ("stride", "strides", "step"),
+                               ("dilation", "dilations", "spacing of kernel taps")):
+        args += [Arg(base, "int", None, doc=f"{what}, both axes"),
+                 Arg(f"{base}_h", "int", None, doc=f"{what}, height"),
+                 Arg(f"{base}_w", "int", None, doc=f"{what}, width"),
+                 Arg(plural, "ints", None, doc=f"{what} as [h, w]")]
+    args += [Arg("pad", "int", None, doc="zero padding on all four sides"),
+             *(Arg(f"pad_{s}", "int", None, doc=f"padding, {side}")
+               for s, side in (("t", "top"), ("l", "left"), ("b", "bottom"), ("r", "right"))),
+             Arg("pads", "ints", None, doc="padding as [top, left, bottom, right] (Caffe2 order)"),
+             Arg("order", "str", "NCHW", allowed=("NCHW", "NHWC"), doc="storage order"),
+             Arg("legacy_pad", "any", "NOTSET", allowed=LEGACY_PADS + (0, 1, 2, 3),
+                 doc="NOTSET: explicit pads; VALID: none; SAME: output = ceil(in / stride); "
+                     "CAFFE_LEGACY_POOLING: Caffe's ceil-mode pooling (also 0..3)")]
+    return tuple(args)

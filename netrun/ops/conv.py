@@ -1,9 +1,10 @@
 """Convolution: Conv, ConvTranspose and their gradients (Caffe2's conv_op / conv_transpose_op).
 
-The arithmetic lives in `conv_algos` and `netrun.algos`; these ops resolve the geometry and,
-per input shape and direction, pick an algorithm (the `algo` argument, else the workspace's
-mode: rules, a timing search remembered on disk, or deterministic rules; see
-`netrun.algos.search.choose`) and remember it in `ctx.state`.
+The arithmetic lives in `netrun.conv`; these ops resolve the geometry and, per input shape
+and direction, pick an algorithm (the `algo` argument, else the workspace's mode: rules, a
+timing search remembered on disk, or deterministic rules; see `netrun.conv.select.choose`)
+and keep it in their plan (`ctx.state["plan"]`, a ConvPlan). The same kernels serve every
+backend: the algorithms come from the backend's own set.
 Algorithms are NCHW-only: for order=NHWC the op transposes its inputs into scratch buffers
 and its outputs back (filters: Caffe2's NHWC layout M × kh × kw × C/G, i.e. the same
 (0, 3, 1, 2) transpose).
@@ -13,20 +14,31 @@ out when nobody wants it (the first conv of a net), so its presence is the outpu
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from netrun.conv import DIRECTIONS, ConvPlan, ConvProblem, choose, op_directions, warm_up
+from netrun.conv.algorithm import algorithm_names
+from netrun.conv.cpu import jit_depthwise, jit_winograd
+from netrun.conv.rules import fixed_algorithm
+from netrun.conv.select import run_direction
 from netrun.core.gradient import register_gradient
-from netrun.core.memory import register_scratch_estimate
-from netrun import jit
+from netrun.core.memory import register_bind_warmup, register_scratch_estimate
 from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError, suggest
-from netrun.ops.conv_algos import ALGORITHMS, ConvProblem, select_algorithm
-from netrun.ops.geometry import ConvGeometry, conv_pool_args
+from netrun.kernels import jit
+from netrun.kernels.geometry import ConvGeometry
+from netrun.kernels.jit import im2col as jit_im2col
+from netrun.ops.common import conv_pool_args
+
+CONV_TYPES = ("Conv", "ConvGradient", "ConvTranspose", "ConvTransposeGradient")
 
 _COMMON = conv_pool_args() + (
     Arg("group", "int", 1, doc="channel groups; group = C is a depthwise convolution"),
-    Arg("algo", "str", "", doc="fixed algorithm (" + ", ".join(ALGORITHMS) + "); '' = automatic"),
+    Arg("algo", "str", "", doc="fixed algorithm (" + ", ".join(algorithm_names())
+        + "); '' = automatic; a CPU name means its GPU counterpart on a GPU and vice versa"),
     Arg("no_bias", "int", 0, allowed=(0, 1), doc="1: there is no bias input (and no db output)"))
 _ADJ = (Arg("adj", "int", None, doc="extra output rows/cols at the end, both axes (< stride)"),
         Arg("adj_h", "int", None, doc="extra output rows at the bottom"),
@@ -42,9 +54,10 @@ def _check(op, args: Args, transposed: bool, gradient: bool) -> None:
                           f"is for pooling ops")
     if args.group < 1:
         raise SchemaError(f"op {op.label}: argument 'group' must be at least 1, got {args.group}")
-    if args.algo and args.algo not in ALGORITHMS:
+    known = algorithm_names()
+    if args.algo and args.algo not in known:
         raise SchemaError(f"op {op.label}: argument 'algo' is '{args.algo}', an unknown algorithm"
-                          f"{suggest(args.algo, ALGORITHMS)} (known: {', '.join(ALGORITHMS)})")
+                          f"{suggest(args.algo, known)} (known: {', '.join(known)})")
     if transposed:
         adj = _adj(args, op.label)
         if adj[0] >= geom.sh or adj[1] >= geom.sw:
@@ -177,42 +190,37 @@ def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
 
 
 # Kernels ----------------------------------------------------------------------------------
-def _setup(ctx, X, W) -> tuple[ConvProblem, tuple[int, ...]]:
-    """Problem and output shape for these input shapes, kept in ctx.state."""
-    key = (X.shape, W.shape, str(X.dtype), getattr(ctx.ws, "algo_generation", 0))
-    cached = ctx.state.get("setup")
-    if cached is None or cached[0] != key:
+# One kernel per op for every backend: only the algorithms differ, and `choose` takes them
+# from the backend's own set (netrun.conv.gpu on a GPU workspace).
+def _plan(ctx, X, W) -> ConvPlan:
+    """The op's plan for these input shapes (made once, redone when shapes or settings change)."""
+    key = (X.shape, W.shape, str(X.dtype), ctx.ws.conv.generation)
+    plan = ctx.state.get("plan")
+    if plan is None or plan.key != key:
         transposed = ctx.def_.type.startswith("ConvTranspose")
         try:
             specs = [TensorSpec(tuple(X.shape), str(X.dtype)), TensorSpec(tuple(W.shape))]
             problem, out_shape = _conv_problem(ctx.args, specs, transposed)
             if ctx.args.algo:   # a fixed algorithm that cannot run this shape fails here
-                select_algorithm(problem, ctx.args.algo)
+                fixed_algorithm(problem, ctx.args.algo, ctx.backend.name)
         except ShapeError as e:
             raise ShapeError(f"op {ctx.def_.label}: {e}") from None
-        # the per-direction choices (filled on first use) live next to the problem
-        cached = ctx.state["setup"] = (key, problem, out_shape, {})
-    return cached[1], cached[2]
+        warmed = all((a.name, replace(problem, n=1), d) in ctx.ws.conv.warmed
+                     for d, a in _rule_picks(ctx.ws, problem, ctx.def_, ctx.args).items())
+        plan = ctx.state["plan"] = ConvPlan(key, problem, out_shape, warmed=warmed)
+    return plan
 
 
-def _algo(ctx, problem: ConvProblem, direction: str, args: tuple, out):
-    """The algorithm for one direction: chosen once per shape (timed on the op's own
-    buffers in exhaustive mode), then remembered; ctx.state['algo'] names it for profiles."""
-    chosen = ctx.state["setup"][3]
-    algo = chosen.get(direction)
+def _algo(ctx, plan: ConvPlan, direction: str, args: tuple, out):
+    """The algorithm for one direction: chosen once per plan (timed on the op's own buffers
+    in exhaustive mode); ctx.state['algo'] names the choices for profiles."""
+    algo = plan.algos.get(direction)
     if algo is None:
-        from netrun.algos.search import choose, run_for
-
-        run = run_for(direction, problem, args, out, ctx.scratch, ctx.xp)
-        algo = chosen[direction] = choose(ctx.ws, problem, direction, ctx.backend, ctx.args.algo,
-                                          run)
-        names = list(dict.fromkeys(a.name for a in chosen.values()))
-        ctx.state["algo"] = names[0] if len(names) == 1 else "/".join(
-            f"{_SHORT[d]}:{a.name}" for d, a in chosen.items())
+        run = run_direction(direction, plan.problem, args, out, ctx.scratch, ctx.xp)
+        algo = plan.algos[direction] = choose(ctx.ws.conv, plan.problem, direction, ctx.backend,
+                                              ctx.args.algo, run)
+        ctx.state["algo"] = plan.label
     return algo
-
-
-_SHORT = {"forward": "fwd", "backward_data": "data", "backward_filter": "filter"}
 
 
 def _to_nchw(ctx, key: str, a, nhwc: bool):
@@ -224,37 +232,36 @@ def _to_nchw(ctx, key: str, a, nhwc: bool):
     return buf
 
 
-def _run(ctx, out, nhwc: bool, direction: str, problem: ConvProblem, args: tuple,
-         **extra) -> None:
+def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, **extra) -> None:
     """One direction of the chosen algorithm straight into `out`, or via scratch and a
     transpose for NHWC."""
     buf = out if not nhwc else ctx.scratch(f"conv.nchw_out_{direction}", _nchw(out.shape, True),
                                            out.dtype)
-    algo = _algo(ctx, problem, direction, args, buf)
-    getattr(algo, direction)(ctx.xp, *args, problem, buf, ctx.scratch, **extra)
+    algo = _algo(ctx, plan, direction, args, buf)
+    getattr(algo, direction)(ctx.xp, *args, plan.problem, buf, ctx.scratch, **extra)
     if nhwc:
         out[...] = buf.transpose(0, 2, 3, 1)
 
 
 def _forward(ctx, X, W, b) -> None:
-    problem, out_shape = _setup(ctx, X, W)
+    plan = _plan(ctx, X, W)
     nhwc = ctx.args.order == "NHWC"
-    Y = ctx.output(0, out_shape, X.dtype)
+    Y = ctx.output(0, plan.out_shape, X.dtype)
     x, w = _to_nchw(ctx, "x", X, nhwc), _to_nchw(ctx, "w", W, nhwc)
     if ctx.def_.type == "Conv":   # the algorithm adds the bias (fused into its GEMM if it can)
-        _run(ctx, Y, nhwc, "forward", problem, (x, w), bias=b)
+        _run(ctx, plan, Y, nhwc, "forward", (x, w), bias=b)
         return
     # ConvTranspose is the data gradient of the equivalent conv
-    _run(ctx, Y, nhwc, "backward_data", problem, (x, w))
+    _run(ctx, plan, Y, nhwc, "backward_data", (x, w))
     if b is not None:
         Y += b.reshape((1, 1, 1, -1) if nhwc else (1, -1, 1, 1))
 
 
 def _backward(ctx, X, W, dY) -> None:
-    problem, y_shape = _setup(ctx, X, W)
-    if tuple(dY.shape) != y_shape:
+    plan = _plan(ctx, X, W)
+    if tuple(dY.shape) != plan.out_shape:
         raise ShapeError(f"op {ctx.def_.label}: dY has shape {'×'.join(map(str, dY.shape))} but "
-                         f"the forward output is {'×'.join(map(str, y_shape))}")
+                         f"the forward output is {'×'.join(map(str, plan.out_shape))}")
     xp, nhwc = ctx.xp, ctx.args.order == "NHWC"
     x, w, dy = (_to_nchw(ctx, k, a, nhwc) for k, a in (("x", X), ("w", W), ("dy", dY)))
     dW = ctx.output(0, W.shape, W.dtype)
@@ -263,22 +270,22 @@ def _backward(ctx, X, W, dY) -> None:
     wants_dx = len(ctx.def_.outputs) > index
     dX = ctx.output(index, X.shape, X.dtype) if wants_dx else None
     if ctx.def_.type == "ConvGradient" and wants_dx and not nhwc:
-        both = (_algo(ctx, problem, "backward_filter", (x, dy), dW),
-                _algo(ctx, problem, "backward_data", (dy, w), dX))
+        both = (_algo(ctx, plan, "backward_filter", (x, dy), dW),
+                _algo(ctx, plan, "backward_data", (dy, w), dX))
         if both[0] is both[1]:   # one algorithm for both: it may share work between them
-            both[0].backward(xp, x, dy, w, problem, dX, dW, ctx.scratch, dbias=db)
+            both[0].backward(xp, x, dy, w, plan.problem, dX, dW, ctx.scratch, dbias=db)
             return
     if ctx.def_.type == "ConvGradient":   # db = Σ dY comes with the filter gradient
-        _run(ctx, dW, nhwc, "backward_filter", problem, (x, dy), dbias=db)
+        _run(ctx, plan, dW, nhwc, "backward_filter", (x, dy), dbias=db)
     else:   # ConvTranspose: the equivalent conv's input is dY and its output gradient is X
-        _run(ctx, dW, nhwc, "backward_filter", problem, (dy, x))
+        _run(ctx, plan, dW, nhwc, "backward_filter", (dy, x))
         if db is not None:
             xp.sum(dY, axis=(0, 1, 2) if nhwc else (0, 2, 3), out=db)
     if wants_dx:
         if ctx.def_.type == "ConvGradient":
-            _run(ctx, dX, nhwc, "backward_data", problem, (dy, w))
+            _run(ctx, plan, dX, nhwc, "backward_data", (dy, w))
         else:
-            _run(ctx, dX, nhwc, "forward", problem, (dy, w))
+            _run(ctx, plan, dX, nhwc, "forward", (dy, w))
 
 
 def _maker(g) -> list:
@@ -291,34 +298,41 @@ def _maker(g) -> list:
 
 # The compiled kernels an algorithm may call load when a conv op is bound, not inside its first
 # iteration (Numba's disk cache takes a few hundred ms per process).
-@register_preparer("Conv", "ConvGradient", "ConvTranspose", "ConvTransposeGradient")
+@register_preparer(*CONV_TYPES)
 def _prepare(ctx) -> None:
     if not jit.enabled(ctx.xp):
         return
-    from netrun.algos import jit_depthwise, jit_winograd
-    from netrun.jit import im2col
-
     jit_depthwise.prepare(ctx.args)
     jit_winograd.prepare(ctx.args)
     if ctx.args.group == 1 and ctx.args.algo in ("", "im2col_gemm"):
-        im2col.prepare()
+        jit_im2col.prepare()
 
 
-@register_scratch_estimate("Conv", "ConvGradient", "ConvTranspose", "ConvTransposeGradient")
+def _rule_picks(ws, problem: ConvProblem, op, args) -> dict:
+    """direction -> the algorithm this op will run there without timing (rules or fixed)."""
+    directions = op_directions(op.type, len(op.outputs), bool(args.no_bias))
+    return {d: choose(ws.conv, problem, d, ws.backend, args.algo) for d in directions}
+
+
+@register_scratch_estimate(*CONV_TYPES)
 def _scratch_estimate(ws, op, args, ins) -> int:
     """Scratch of the algorithms this op will pick, so a memory plan can fault it in at bind.
-
-    This is the op's first look at its shapes, at bind time: on the CPU its chosen algorithms
-    also warm up here (search.warm_up), which the first iteration would otherwise pay for.
-    """
-    from netrun.algos.search import choose, op_directions, warm_up
-
+    Choosing by the rules runs nothing."""
     problem, _ = _conv_problem(args, ins[:2], op.type.startswith("ConvTranspose"))
-    if ws.backend.xp is np:
-        for d in op_directions(op, args):
-            warm_up(choose(ws, problem, d, ws.backend, args.algo), problem, d, np)
-    return max(choose(ws, problem, d, ws.backend, args.algo).workspace_bytes(problem)
-               for d in ("forward", "backward_data", "backward_filter"))
+    return max(choose(ws.conv, problem, d, ws.backend, args.algo).workspace_bytes(problem)
+               for d in DIRECTIONS)
+
+
+@register_bind_warmup(*CONV_TYPES)
+def _warm_up(ws, op, args, ins) -> None:
+    """Run this op's chosen algorithms once on a one-image copy, at bind time: what they build
+    per shape (DFT matrices, column maps, compiled dispatch) is then ready for the first
+    iteration. CPU only: a GPU's first-call costs are its own kernels' compiles."""
+    if ws.backend.xp is not np:
+        return
+    problem, _ = _conv_problem(args, ins[:2], op.type.startswith("ConvTranspose"))
+    for d, algo in _rule_picks(ws, problem, op, args).items():
+        warm_up(ws.conv, algo, problem, d, np)
 
 
 # Conv -------------------------------------------------------------------------------------

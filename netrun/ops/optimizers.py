@@ -11,7 +11,14 @@ import math
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Args, register_schema
 from netrun.errors import SchemaError
-from netrun.ops.optim import SCRATCH, host_int, outputs_like, scalar, update_cost, update_shapes
+from netrun.ops.solver_ops import (
+    SCRATCH,
+    host_int,
+    outputs_like,
+    scalar,
+    update_cost,
+    update_shapes,
+)
 
 
 def _require(op, args: Args, name: str, ok, rule: str) -> None:

@@ -2,32 +2,32 @@
 
 Both layouts are handled natively: every kernel loops over the kh·kw window taps and
 combines views of the padded input, never over pixels; with a stride (NCHW) the views come
-from the input's stride phases so they are unit-stride (netrun.algos.windows).
+from the input's stride phases so they are unit-stride (netrun.kernels.windows).
 MaxPoolGradient takes (X, Y, dY) as in Caffe2 and recomputes where the maximum was, so the
 forward pass stores nothing extra: the first tap (in window order) whose value equals Y wins.
 It first routes dY to every tap equal to Y (two passes per tap, straight into dX when windows
 do not overlap) and counts the hits; only if some window had a tie does it redo the routing
 the exact way (first tap wins). Max pooling whose windows tile the image (kernel == stride,
-no pads: LeNet's 2×2 s2) takes a separable path instead (netrun.algos.tiled_pool).
-With the compiled engine (netrun.jit), NCHW float32 pooling runs Numba kernels instead
-(netrun.jit.pool): the same values, the same bits for max pooling; other layouts and dtypes
+no pads: LeNet's 2×2 s2) takes a separable path instead (netrun.kernels.tiled_pool).
+With the compiled engine (netrun.kernels.jit), NCHW float32 pooling runs Numba kernels instead
+(netrun.kernels.jit.pool): the same values, the same bits for max pooling; other layouts and dtypes
 run the NumPy path.
 """
 from __future__ import annotations
 
 import numpy as np
 
+import netrun.kernels.jit as jit
+import netrun.kernels.jit.pool as jit_pool
+import netrun.kernels.parallel as parallel
+import netrun.kernels.tiled_pool as tiled_pool
+import netrun.kernels.windows as windows
 from netrun.core.gradient import register_gradient
 from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
-import netrun.algos.parallel as parallel
-import netrun.algos.tiled_pool as tiled_pool
-import netrun.algos.windows as windows
-import netrun.jit as jit
-import netrun.jit.pool as jit_pool
-from netrun.ops.common import same_as_input
-from netrun.ops.geometry import ConvGeometry, conv_pool_args
+from netrun.kernels.geometry import ConvGeometry
+from netrun.ops.common import conv_pool_args, same_as_input
 
 BLOCK_BYTES = 1 << 20   # input bytes per batch block (measured: 1-4 MB best on 2-core EPYC)
 _POOL_ARGS = conv_pool_args() + (
@@ -78,7 +78,7 @@ def _geometry(args: Args, shape, what: str) -> tuple[ConvGeometry, ConvGeometry,
     return declared, resolved, oh, ow
 
 
-def _out_shape(args: Args, shape, oh: int, ow: int) -> tuple[int, ...]:
+def pooled_shape(args: Args, shape, oh: int, ow: int) -> tuple[int, ...]:
     """X's shape with the spatial sizes replaced by the pooled ones."""
     out = list(shape)
     ah, aw = _axes(args)
@@ -89,7 +89,7 @@ def _out_shape(args: Args, shape, oh: int, ow: int) -> tuple[int, ...]:
 def _shape_fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
     x = ins[0]
     _, _, oh, ow = _geometry(args, x.shape, f"X {x}")
-    return [TensorSpec(_out_shape(args, x.shape, oh, ow), x.dtype)]
+    return [TensorSpec(pooled_shape(args, x.shape, oh, ow), x.dtype)]
 
 
 def _cost_fn(extra_per_output: int):
@@ -98,7 +98,7 @@ def _cost_fn(extra_per_output: int):
     def fn(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
         x = ins[0]
         g, _, oh, ow = _geometry(args, x.shape, f"X {x}")
-        pooled = _out_shape(args, x.shape, oh, ow)
+        pooled = pooled_shape(args, x.shape, oh, ow)
         count = pooled[0] * pooled[1] * pooled[2] * pooled[3]
         return Cost(count * (g.kh * g.kw + extra_per_output), sum(i.nbytes for i in ins),
                     sum(o.nbytes for o in outs))
@@ -106,7 +106,7 @@ def _cost_fn(extra_per_output: int):
     return fn
 
 
-def _setup(ctx, X):
+def pool_setup(ctx, X):
     """Resolved geometry, output shape and (for averages) the divisor, kept in ctx.state."""
     cached = ctx.state.get("setup")
     if cached is None or cached[0] != X.shape:
@@ -159,7 +159,7 @@ def _register(type: str, args, extra: int, doc: str, grad_inputs: tuple[int, int
 
 def _in_blocks(ctx, fn, *arrays) -> None:
     """fn(scratch, *block slices) over batch blocks of about BLOCK_BYTES of input, the
-    blocks split between threads (netrun.algos.parallel): the kh·kw passes over a block's
+    blocks split between threads (netrun.kernels.parallel): the kh·kw passes over a block's
     taps and buffers then run in cache, on every core."""
     n = arrays[0].shape[0]
     size = max(1, BLOCK_BYTES // max(1, arrays[0][:1].nbytes))
@@ -172,7 +172,7 @@ def _in_blocks(ctx, fn, *arrays) -> None:
     parallel.chunks(ctx.xp, n, work, work=arrays[0].size)
 
 
-def _check_pooled(ctx, role: str, a, shape) -> None:
+def check_pooled(ctx, role: str, a, shape) -> None:
     """ShapeError unless `a` (Y or dY of a gradient op) has the pooled output's shape."""
     if tuple(a.shape) != tuple(shape):
         raise ShapeError(f"op {ctx.def_.label}: {role} has shape {'×'.join(map(str, a.shape))} "
@@ -181,7 +181,7 @@ def _check_pooled(ctx, role: str, a, shape) -> None:
 
 def _compiled(ctx, X=None) -> bool:
     """Whether this op runs the compiled kernels: engine enabled (NumPy arrays), NCHW and a
-    dtype they are built for (netrun.jit.pool.DTYPES)."""
+    dtype they are built for (netrun.kernels.jit.pool.DTYPES)."""
     return (ctx.args.order == "NCHW" and jit.enabled(ctx.xp)
             and (X is None or X.dtype in jit_pool.DTYPES))
 
@@ -224,8 +224,8 @@ _register("MaxPool", _POOL_ARGS, 0,
 @register_kernel("MaxPool")
 def max_pool(ctx, X):
     """Y = the running maximum over the window taps of X padded with -inf."""
-    g, oh, ow, _ = _setup(ctx, X)
-    Y = ctx.output(0, _out_shape(ctx.args, X.shape, oh, ow), X.dtype)
+    g, oh, ow, _ = pool_setup(ctx, X)
+    Y = ctx.output(0, pooled_shape(ctx.args, X.shape, oh, ow), X.dtype)
     if _compiled(ctx, X):      # before tiled_pool: faster on LeNet's 2×2 s2 too (measured)
         _in_planes(ctx, g, lambda x, y: jit_pool.max_forward(x, y, *_window_args(g)), X, Y)
         return
@@ -250,9 +250,9 @@ def max_pool(ctx, X):
 @register_kernel("MaxPoolGradient")
 def max_pool_gradient(ctx, X, Y, dY):
     """dX: each dY added at the first tap whose value equals the window's maximum Y."""
-    g, oh, ow, _ = _setup(ctx, X)
-    _check_pooled(ctx, "dY", dY, _out_shape(ctx.args, X.shape, oh, ow))
-    _check_pooled(ctx, "Y", Y, _out_shape(ctx.args, X.shape, oh, ow))
+    g, oh, ow, _ = pool_setup(ctx, X)
+    check_pooled(ctx, "dY", dY, pooled_shape(ctx.args, X.shape, oh, ow))
+    check_pooled(ctx, "Y", Y, pooled_shape(ctx.args, X.shape, oh, ow))
     dX = ctx.output(0, X.shape, X.dtype)
     if _compiled(ctx, X):
         _in_planes(ctx, g, lambda x, y, dy, dx: jit_pool.max_backward(x, y, dy, dx,
@@ -336,8 +336,8 @@ _register("AveragePool", _AVG_ARGS, 1,
 @register_kernel("AveragePool")
 def average_pool(ctx, X):
     """Y = the sum over the window taps of X padded with 0, divided by Caffe's window size."""
-    g, oh, ow, divisor = _setup(ctx, X)
-    Y = ctx.output(0, _out_shape(ctx.args, X.shape, oh, ow), X.dtype)
+    g, oh, ow, divisor = pool_setup(ctx, X)
+    Y = ctx.output(0, pooled_shape(ctx.args, X.shape, oh, ow), X.dtype)
     if _compiled(ctx, X):
         _in_planes(ctx, g, lambda x, y: jit_pool.avg_forward(x, y, divisor, *_window_args(g)),
                    X, Y)
@@ -360,8 +360,8 @@ def average_pool(ctx, X):
 def average_pool_gradient(ctx, X, *rest):
     """dX: dY / divisor added at every tap of its window; the last input is dY."""
     dY = rest[-1]
-    g, oh, ow, divisor = _setup(ctx, X)
-    _check_pooled(ctx, "dY", dY, _out_shape(ctx.args, X.shape, oh, ow))
+    g, oh, ow, divisor = pool_setup(ctx, X)
+    check_pooled(ctx, "dY", dY, pooled_shape(ctx.args, X.shape, oh, ow))
     dX = ctx.output(0, X.shape, X.dtype)
     if _compiled(ctx, X):
         _in_planes(ctx, g, lambda dy, dx: jit_pool.avg_backward(dy, dx, divisor,

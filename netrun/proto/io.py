@@ -1,7 +1,6 @@
 """Read and write NetDef files, picking the format from the file name."""
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Callable
@@ -10,6 +9,8 @@ from netrun.errors import NetrunError
 from netrun.proto.defs import NetDef
 from netrun.proto.netdef_yaml import netdef_from_yaml, netdef_to_yaml
 from netrun.proto.pbtxt import netdef_from_text, netdef_to_text
+from netrun.util.atomic import write_text_atomic
+from netrun.util.files import read_text
 
 # Longest suffix first, so "x.pb.txt" is text format whatever ".txt" maps to.
 _FORMATS: dict[str, tuple[Callable[[str, str | None], NetDef], Callable[[NetDef], str]]] = {
@@ -32,21 +33,6 @@ def _format_of(path: Path):
                       f"{', '.join(_FORMATS)}{hint}")
 
 
-def read_text(path: str | os.PathLike) -> str:
-    """The file's text as UTF-8; NetrunError("cannot read ...") instead of OSError."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise NetrunError(f"cannot read '{path}': no such file") from None
-    except IsADirectoryError:
-        raise NetrunError(f"cannot read '{path}': it is a directory") from None
-    except UnicodeDecodeError as e:
-        raise NetrunError(f"cannot read '{path}': not UTF-8 text (byte 0x{e.object[e.start]:02x} "
-                          f"at offset {e.start})") from None
-    except OSError as e:
-        raise NetrunError(f"cannot read '{path}': {e.strerror or e}") from None
-
-
 def load_netdef(path: str | os.PathLike) -> NetDef:
     """Load a NetDef from .pbtxt/.pb.txt/.txt (Caffe2 text format) or .yaml/.yml."""
     path = Path(path)
@@ -59,14 +45,7 @@ def save_netdef(net: NetDef, path: str | os.PathLike) -> None:
     path = Path(path)
     _, write = _format_of(path)
     text = write(net)
-    # a crash mid-write leaves the old file, never a half-written one; the temporary name is
-    # per process so concurrent writers do not share it
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise NetrunError(f"cannot write '{path}': {e.strerror or e}") from None

@@ -11,6 +11,7 @@ import re
 from typing import Any, Iterator, NamedTuple
 
 from netrun.errors import ParseError
+from netrun.util.files import read_text
 
 MAX_DEPTH = 200  # nested messages; deeper input is an error rather than a RecursionError
 
@@ -408,8 +409,6 @@ def parse(text: str, file: str | None = None) -> Message:
 
 def parse_file(path) -> Message:
     """Read and parse a text-format file (NetrunError if it cannot be read)."""
-    from netrun.proto.io import read_text  # io imports the formats built on this module
-
     return parse(read_text(path), str(path))
 
 

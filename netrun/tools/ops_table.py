@@ -15,6 +15,7 @@ from netrun.core.gradient import gradient_ops, has_gradient
 from netrun.core.registry import kernel_backends
 from netrun.core.schema import MANY, OpSchema, all_schemas
 from netrun.errors import NetrunError
+from netrun.ops import FAMILIES, family_of
 from netrun.proto.defs import OperatorDef
 
 COMMAND = "python3 -m netrun.tools.ops_table > docs/operators.md"
@@ -98,8 +99,6 @@ def _gradient(schema: OpSchema, schemas: dict[str, OpSchema]) -> str:
 
 
 def _kernel(type: str, backend: str) -> str:
-    import netrun.backends.gpu_kernels  # noqa: F401  (registers GPU kernels; imports no CuPy)
-
     backends = kernel_backends(type)
     if backend in backends:
         # No netrun GPU kernel has run on a real GPU yet (only on the CPU emulator in tests).
@@ -118,16 +117,12 @@ def _first_sentence(doc: str) -> str:
 
 
 def _family_order() -> dict[str, int]:
-    from netrun.ops import FAMILIES
-
     return {f: i for i, f in enumerate(FAMILIES)}
 
 
 def netrun_schemas() -> dict[str, OpSchema]:
     """The schemas of netrun's own ops (netrun.ops), not those registered by tests."""
-    from netrun.ops import FAMILY_OF
-
-    return {t: s for t, s in all_schemas().items() if t in FAMILY_OF}
+    return {t: s for t, s in all_schemas().items() if family_of(t) is not None}
 
 
 def op_rows() -> list[OpRow]:

@@ -22,6 +22,8 @@ import numpy as np
 from netrun.core.db import open_db
 from netrun.errors import CheckpointError
 from netrun.proto.defs import NetDef, op
+from netrun.proto.pbtxt import netdef_from_text
+from netrun.version import __version__
 
 
 @dataclass
@@ -40,8 +42,6 @@ class CheckpointInfo:
 
     def net(self, which: str) -> NetDef:
         """A net stored as text in the checkpoint (init, step, update, test, predict)."""
-        from netrun.proto.pbtxt import netdef_from_text
-
         nets = self.meta.get("nets", {})
         if which not in nets:
             raise CheckpointError(f"checkpoint '{self.path}' holds no '{which}' net "
@@ -55,8 +55,6 @@ def write_checkpoint(ws, path: str | os.PathLike, params: list[str], optimizer: 
     blobs = params + optimizer + state
     groups = ["params"] * len(params) + ["optimizer"] * len(optimizer) + ["state"] * len(state)
     shapes = {b: list(ws.get_blob(b).shape) for b in blobs}
-    from netrun import __version__
-
     meta = {**meta, "netrun_version": __version__, "shapes": shapes,
             "params": params, "optimizer_blobs": optimizer, "state_blobs": state}
     ws.run_operator_once(op("Save", blobs, [], db=str(path), db_type="h5", groups=groups,

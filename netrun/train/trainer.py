@@ -17,9 +17,11 @@ import numpy as np
 
 from netrun.core.workspace import Workspace
 from netrun.errors import NetrunError
+from netrun.model import load_model
 from netrun.proto.pbtxt import netdef_to_text
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import TrainConfig
+from netrun.train.data import BatchLoader, iterate_once, make_source, make_transform
 from netrun.train.solver import LR, TrainingNets, build_training
 
 
@@ -75,9 +77,6 @@ class Trainer:
     history: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
-        from netrun.model import load_model
-        from netrun.train.data import BatchLoader, make_source, make_transform
-
         cfg = self.config
         self.device = self.device or cfg.device
         self.output = Path(self.output or cfg.output)
@@ -178,8 +177,6 @@ class Trainer:
     # Testing -------------------------------------------------------------------------------
     def test(self, max_batches: int = 0) -> TestResult:
         """Run the test net over the test part (or its first max_batches batches)."""
-        from netrun.train.data import iterate_once
-
         ws, model = self.ws, self.model
         part = self.source.test
         totals: dict[str, float] = {}

@@ -11,7 +11,7 @@ import pytest
 
 from netrun.caffe import data_config, is_solver_file, load_caffe_model, solver_to_config
 from netrun.errors import ConfigError, ParseError
-from netrun.train.lr_policy import lr_at
+from netrun.ops.lr_policy import lr_at
 from tests.caffe.helpers import shared_model
 from tests.caffe.test_weights import blob_proto
 

@@ -5,7 +5,7 @@ import numpy as np
 
 import netrun
 from netrun.caffe import caffe_to_yaml
-from netrun.proto.model_yaml import model_from_yaml
+from netrun.model.yaml_model import model_from_yaml
 from tests.caffe.helpers import init_workspace, net_from_text, random_params, run, shared_model
 from tests.caffe.test_torch_equivalence import BN_NET
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 import netrun
 from netrun.core.schema import TensorSpec
 from netrun.errors import SchemaError, ShapeError
-from netrun.train.lr_policy import lr_at
+from netrun.ops.lr_policy import lr_at
 from tests.opcheck import run_op
 
 torch = pytest.importorskip("torch")

@@ -1,6 +1,6 @@
 """MaxPool and AveragePool: Caffe's rules, PyTorch, finite differences, shapes, errors.
 
-Tests that take `engine` run twice: in float32 with the default engine (netrun.jit's compiled
+Tests that take `engine` run twice: in float32 with the default engine (netrun.kernels.jit's compiled
 kernels when Numba is installed) and in float64 with the pure NumPy path, each against a
 reference. Finite-difference checks need float64, which always runs the NumPy path.
 """
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import netrun
-from netrun import jit
+from netrun.kernels import jit
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import SchemaError, ShapeError
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
@@ -346,7 +346,7 @@ def test_too_small_input_is_a_shape_error():
                                        ("avg", dict(kernel=3, stride=1, pad=1))])
 def test_pooling_split_across_threads_gives_the_same_bits(kind, args, engine, monkeypatch):
     """Blocks of images on worker threads (an uneven split, tiny blocks) change nothing."""
-    from netrun.algos import parallel
+    from netrun.kernels import parallel
     from netrun.ops import pool as pool_module
 
     x = _untied((5, 3, 9, 8), 2)
@@ -364,7 +364,7 @@ def test_pooling_split_across_threads_gives_the_same_bits(kind, args, engine, mo
     np.testing.assert_array_equal(split[1]["X"], plain[1]["X"])
 
 
-# Tiled max pooling (kernel == stride, no pads: netrun.algos.tiled_pool) ---------------------
+# Tiled max pooling (kernel == stride, no pads: netrun.kernels.tiled_pool) ---------------------
 def _first_max_reference(x, dy, kh, kw):
     """dX by a loop: each dY at the first maximum (row-major) of its kh×kw tile."""
     ref = np.zeros_like(x)
@@ -380,8 +380,8 @@ def _first_max_reference(x, dy, kh, kw):
 def test_tiled_max_pool_ties_go_to_the_first_tap_in_row_major_order(kh, kw, engine):
     """Tiles with ties, including the case that separable routing in the wrong order gets
     wrong: the maximum at (0, 1) and (1, 0) but not (0, 0) must go to (0, 1)."""
-    from netrun.algos import tiled_pool
-    from netrun.ops.geometry import ConvGeometry
+    from netrun.kernels import tiled_pool
+    from netrun.kernels.geometry import ConvGeometry
 
     assert tiled_pool.applies(ConvGeometry(kh, kw, kh, kw), (2, 3, 2 * kh, 3 * kw), 2, 3, "NCHW")
     x = _untied((2, 3, 2 * kh, 3 * kw), 7)
@@ -412,8 +412,8 @@ def test_tiled_max_pool_matches_torch_float32():
 
 
 def test_tiled_path_only_for_exact_tiles():
-    from netrun.algos import tiled_pool
-    from netrun.ops.geometry import ConvGeometry
+    from netrun.kernels import tiled_pool
+    from netrun.kernels.geometry import ConvGeometry
 
     g = ConvGeometry(2, 2, 2, 2)
     assert tiled_pool.applies(g, (1, 1, 24, 24), 12, 12, "NCHW")

@@ -1,0 +1,96 @@
+"""The rules that pick a convolution algorithm without timing, per backend, and what an op's
+fixed `algo` means on a backend that does not have that algorithm (its counterpart).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from netrun.conv.algorithm import ConvAlgorithm, algorithms, find_algorithm
+from netrun.conv.cpu.dft_gemm import model_flops
+from netrun.conv.cpu.jit_winograd import tiles
+from netrun.conv.problem import ConvProblem
+from netrun.errors import ShapeError
+
+# CPU, best first (measured on 2-core AVX-512 machines with OpenBLAS; the figures are in
+# benchmarks/README.md):
+# - a depthwise conv runs directly (compiled when the engine is there);
+# - a 1×1 kernel is a plain GEMM;
+# - a stride-1 3×3 conv of at least WINOGRAD_MIN_CHANNELS channels each way and
+#   WINOGRAD_MIN_TILES 4×4 output tiles (dilated or not) runs compiled Winograd F(4×4, 3×3)
+#   when the engine is there. Fewer tiles lose: the filter spectrum (4× the filter) is
+#   streamed once per block and thread, which dominates small batch-1 layers;
+# - a stride-1 conv whose Fourier form (dft_gemm) costs at most DFT_MAX_FLOP_RATIO of the
+#   direct flops (its model charges copies and the filter spectrum too) runs that way: 5×5
+#   kernels on CIFAR/LeNet-sized images, not first layers (C = 1 or 3);
+# - otherwise a stride-1 (in height) conv is row-shifted GEMMs on a kw-expanded copy (kw× less
+#   copying than im2col) unless their contraction C/G·kw is too thin for an efficient GEMM
+#   (first layers: C = 1 or 3), and everything else im2col + GEMM.
+# The NumPy Winograd and FFT algorithms win only for some shapes; exhaustive search finds those.
+SHIFT_MIN_CONTRACTION = 32
+DFT_MAX_FLOP_RATIO = 0.75
+WINOGRAD_MIN_CHANNELS = 32
+WINOGRAD_MIN_TILES = 96
+
+# GPU, best first: cuDNN where it is installed and has a plan; a depthwise conv directly; a
+# 1×1 kernel as a plain GEMM; everything else im2col + GEMM. Winograd and FFT win only for
+# some shapes; exhaustive search finds those.
+GPU_PREFERENCE = ("cudnn", "gpu_depthwise", "gpu_gemm_1x1", "gpu_im2col_gemm")
+
+# An op's fixed `algo` names one algorithm; on the other backend it means this one (None:
+# the rules decide), so nets that fix `fft` or `im2col_gemm` run on both.
+COUNTERPARTS = {
+    "gpu": {"im2col_gemm": "gpu_im2col_gemm", "shift_gemm": "gpu_im2col_gemm",
+            "gemm_1x1": "gpu_gemm_1x1", "depthwise": "gpu_depthwise",
+            "winograd_f2x2": "gpu_winograd_f2x2", "winograd_f4x4": "gpu_winograd_f4x4",
+            "fft": "gpu_fft", "dft_gemm": "gpu_fft", "depthwise_jit": "gpu_depthwise",
+            "winograd_jit": "gpu_winograd_f4x4"},
+    "cpu": {"gpu_im2col_gemm": "im2col_gemm", "gpu_gemm_1x1": "gemm_1x1",
+            "gpu_depthwise": "depthwise", "gpu_winograd_f2x2": "winograd_f2x2",
+            "gpu_winograd_f4x4": "winograd_f4x4", "gpu_fft": "fft"},
+}
+
+
+def preference(p: ConvProblem, backend: str = "cpu") -> tuple[str, ...]:
+    """Algorithm names in the rules' order of preference for p on the backend."""
+    if backend == "gpu":
+        return GPU_PREFERENCE
+    first: tuple[str, ...] = ("depthwise_jit", "depthwise", "gemm_1x1")
+    if (min(p.c, p.k) >= WINOGRAD_MIN_CHANNELS and p.n * tiles(p) >= WINOGRAD_MIN_TILES):
+        first += ("winograd_jit",)
+    direct = 2 * p.n * p.k * p.cg * p.kh * p.kw * p.oh * p.ow
+    if p.sh == p.sw == 1 and model_flops(p) <= DFT_MAX_FLOP_RATIO * direct:
+        first += ("dft_gemm",)
+    if p.cg * p.kw >= SHIFT_MIN_CONTRACTION:
+        return first + ("shift_gemm", "im2col_gemm")
+    return first + ("im2col_gemm", "shift_gemm")
+
+
+def rule_choice(p: ConvProblem, pool: list[ConvAlgorithm], direction: str = "forward",
+                backend: str = "cpu", xp: Any = None) -> ConvAlgorithm:
+    """The rules' pick among `pool` (applicable algorithms of the backend), without timing."""
+    names = {a.name: a for a in pool}
+    for name in preference(p, backend):
+        algo = names.get(name)
+        if algo is not None and algo.supports(xp, p, direction):
+            return algo
+    return pool[0]
+
+
+def fixed_algorithm(p: ConvProblem, fixed: str, backend: str) -> ConvAlgorithm | None:
+    """The algorithm an op's fixed `algo` names on the backend (None: the rules decide).
+
+    ShapeError when the backend's own algorithm of that name cannot run p; a name from the
+    other backend means its counterpart here, and the rules where it has none that fits.
+    """
+    own = algorithms(backend)
+    if fixed in own:
+        algo = own[fixed]
+        if not algo.applicable(p):
+            names = ", ".join(a.name for a in own.values() if a.applicable(p))
+            raise ShapeError(f"algorithm '{fixed}' cannot run this convolution "
+                             f"({p.describe()}); applicable: {names}")
+        return algo
+    if find_algorithm(fixed) is None:
+        raise ShapeError(f"unknown convolution algorithm '{fixed}'")
+    counterpart = own.get(COUNTERPARTS.get(backend, {}).get(fixed, ""))
+    return counterpart if counterpart is not None and counterpart.applicable(p) else None
