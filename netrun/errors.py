@@ -63,6 +63,11 @@ class ConfigError(NetrunError):
     """A training or model config with a missing, unknown or ill-typed key."""
 
 
+class InternalError(RuntimeError):
+    """A failure inside netrun's own code that no input explains: a bug to report, never the
+    user's mistake (the CLI exits 1 with a request to report it, not 2)."""
+
+
 def suggest(name: str, known: Iterable[str]) -> str:
     """Return ", did you mean 'x'?" for the closest known name, or an empty string."""
     match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)

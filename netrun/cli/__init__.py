@@ -1,19 +1,21 @@
 """The `netrun` command: a click group whose commands live one per module and load lazily.
 
-Every NetrunError becomes one paragraph on stderr and exit status 2; `--debug` (or
-NETRUN_DEBUG=1) adds the traceback. Commands import the heavy parts of netrun inside their
-function bodies so `netrun --help` stays fast.
+Every NetrunError (bad input) becomes one paragraph on stderr and exit status 2; any other
+exception is a bug in netrun, reported as an internal error with exit status 1 and a request
+to report it. `--debug` (or NETRUN_DEBUG=1) adds the traceback. Commands import the heavy
+parts of netrun inside their function bodies so `netrun --help` stays fast.
 """
 from __future__ import annotations
 
 import importlib
+import sys
 import traceback
 
 import click
 
-from netrun import __version__
+from netrun.version import __version__
 from netrun.cli.console import abort, console
-from netrun.errors import NetrunError
+from netrun.errors import NetrunError, suggest
 
 # command name -> "module:function"; adding a command is one line here.
 COMMANDS = {
@@ -43,8 +45,6 @@ class NetrunGroup(click.Group):
     def resolve_command(self, ctx: click.Context, args: list[str]):
         name = args[0] if args else ""
         if name and not name.startswith("-") and name not in COMMANDS:
-            from netrun.errors import suggest
-
             ctx.fail(f"no such command '{name}'{suggest(name, COMMANDS)}")
         return super().resolve_command(ctx, args)
 
@@ -55,6 +55,19 @@ class NetrunGroup(click.Group):
             if console.debug:
                 traceback.print_exc()
             abort(str(e))
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+            raise
+        except OSError as e:   # the machine's, not netrun's: a full disk, a permission
+            if console.debug:
+                traceback.print_exc()
+            where = f"{e.filename}: " if e.filename else ""
+            abort(f"{where}{e.strerror or e}")
+        except Exception as e:
+            if console.debug:
+                traceback.print_exc()
+            abort(f"internal error: {type(e).__name__}: {e}\nThis is a bug in netrun, not a "
+                  f"problem with your input: please report it with the output of "
+                  f"`netrun --debug {' '.join(sys.argv[1:])}`.", code=1)
 
 
 @click.group(cls=NetrunGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from netrun.core.registry import find_kernel, find_preparer, kernel_backends
-from netrun.core.schema import Args, get_schema
-from netrun.errors import NetrunError, SchemaError, ShapeError
+from netrun.core.schema import Args, TensorSpec, get_schema
+from netrun.errors import InternalError, NetrunError, SchemaError, ShapeError
 from netrun.proto.defs import OperatorDef
 
 if TYPE_CHECKING:
@@ -87,9 +87,10 @@ class Operator:
         self.ctx._inputs = inputs
         try:
             result = self.kernel(self.ctx, *inputs)
-        except (ValueError, IndexError) as e:
-            shapes = ", ".join(f"{n} {_shape_str(x)}" for n, x in zip(def_.inputs, inputs))
-            raise ShapeError(f"op {def_.label} failed on inputs {shapes}: {e}") from e
+        except (NetrunError, MemoryError):
+            raise
+        except Exception as e:
+            raise self._diagnose(inputs, e) from e
         if result is None:
             return
         if not isinstance(result, (tuple, list)):
@@ -108,6 +109,24 @@ class Operator:
                     value = value.view()
                     break
             blobs[name] = value
+
+
+    def _diagnose(self, inputs: tuple, error: Exception) -> Exception:
+        """What a kernel's unexpected exception means: inputs that the schema rejects (the
+        user's ShapeError or SchemaError), else a bug in netrun (InternalError)."""
+        def_ = self.def_
+        shapes = ", ".join(f"{n} {_shape_str(x)}" for n, x in zip(def_.inputs, inputs))
+        specs = [TensorSpec(tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") else None
+                 for x in inputs]
+        if self.schema.shape_fn is not None and None not in specs:
+            try:
+                self.schema.infer_shapes(def_, self.args, specs)
+            except (ShapeError, SchemaError) as e:
+                return type(e)(f"op {def_.label}: inputs {shapes} do not fit: {e}")
+            except Exception:   # shape inference itself failed: say what the kernel said
+                pass
+        return InternalError(f"op {def_.label} failed inside its {self.ws.backend.name} kernel "
+                             f"on inputs {shapes}: {type(error).__name__}: {error}")
 
 
 def _shape_str(x: Any) -> str:
