@@ -1,10 +1,19 @@
-"""Activations: Relu, LeakyRelu, PRelu, Elu, Sigmoid, Tanh, Softplus. Each section: schema,
-kernel, gradient maker. Elementwise math (Abs, Exp, Log, Sqrt, Clip, Scale) is in unary.py,
+"""Activations: Relu, LeakyRelu, PRelu, Elu, Sigmoid, Tanh, Softplus, HardSigmoid. Each
+section: schema, kernel, gradient maker (and a GPU kernel where array code would be slow). Elementwise math (Abs, Exp, Log, Sqrt, Clip, Scale) is in unary.py,
 built with the same pointwise_op helper."""
 from __future__ import annotations
 
 import numpy as np
 
+from netrun.backends.cuda.source import (
+    REALS,
+    KernelSource,
+    contiguous,
+    i64,
+    instances,
+    launch,
+    real,
+)
 from netrun.core.gradient import register_gradient
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Cost, get_schema, register_schema
@@ -269,3 +278,66 @@ def prelu_gradient(ctx, X, slope, dY):
 def _prelu_grad(g):
     return [g.op("PReluGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0), g.GI(1)],
                  **g.copy_args())]
+
+
+# HardSigmoid: Y = clip(alpha·X + beta, 0, 1) (Caffe2's and ONNX's defaults) ---------------
+def _hard_sigmoid(xp, X, Y, args, scratch):
+    xp.multiply(X, args.alpha, out=Y)       # Y may be X (in place): X is read first
+    Y += args.beta
+    xp.clip(Y, 0, 1, out=Y)                 # NaN stays NaN
+
+
+def _hard_sigmoid_grad(xp, Y, dY, dX, args, scratch):
+    # The slope is alpha where 0 < Y < 1, i.e. where Y·(1 - Y) > 0 (exactly, for every real
+    # Y: no second mask buffer); 0 on the clipped parts.
+    s = scratch()
+    xp.subtract(1, Y, out=s)
+    s *= Y
+    xp.greater(s, 0, out=s)
+    xp.multiply(dY, args.alpha, out=dX)     # dX may be dY
+    dX *= s
+
+
+pointwise_op("HardSigmoid", "Y = max(0, min(1, alpha·X + beta)), elementwise.", _hard_sigmoid,
+             _hard_sigmoid_grad, flops=3, grad_flops=4,
+             args=[Arg("alpha", "float", 0.2, doc="slope"), Arg("beta", "float", 0.5, doc="offset")],
+             grad_doc="dX = alpha·dY where 0 < Y < 1, else 0.")
+
+# On a GPU one pass each way instead of three NumPy-style ones; the same operations in the
+# same order (no fused multiply-add), so the bits match the CPU's.
+HARD_SIGMOID_CUDA = KernelSource("hard_sigmoid", r"""
+template <typename T>
+__global__ void hard_sigmoid(const T* x, T* y, long long n, T alpha, T beta) {
+  KERNEL_LOOP(i, n) {
+    T v = x[i] * alpha + beta;
+    y[i] = v < (T)0 ? (T)0 : (v > (T)1 ? (T)1 : v);   // comparisons keep NaN
+  }
+}
+
+template <typename T>
+__global__ void hard_sigmoid_gradient(const T* y, const T* dy, T* dx, long long n, T alpha) {
+  KERNEL_LOOP(i, n) {
+    T inside = (y[i] > (T)0 && y[i] < (T)1) ? (T)1 : (T)0;
+    dx[i] = dy[i] * alpha * inside;                  // NaN·0 stays NaN, as on the CPU
+  }
+}
+""", instances("hard_sigmoid", REALS) + instances("hard_sigmoid_gradient", REALS))
+
+
+@register_kernel("HardSigmoid", backend="gpu")
+def hard_sigmoid_gpu(ctx, X):
+    """Y = clip(alpha·X + beta, 0, 1) in one kernel."""
+    x, a = contiguous(ctx.xp, X), ctx.args
+    Y = ctx.output(0, X.shape, X.dtype)
+    launch(HARD_SIGMOID_CUDA.function(ctx.xp, "hard_sigmoid", X.dtype), X.size,
+           (x, Y, i64(X.size), real(X.dtype, a.alpha), real(X.dtype, a.beta)))
+
+
+@register_kernel("HardSigmoidGradient", backend="gpu")
+def hard_sigmoid_gradient_gpu(ctx, Y, dY):
+    """dX = alpha·dY where 0 < Y < 1, in one kernel."""
+    xp = ctx.xp
+    y, dy = contiguous(xp, Y), contiguous(xp, dY)
+    dX = ctx.output(0, dY.shape, dY.dtype)
+    launch(HARD_SIGMOID_CUDA.function(xp, "hard_sigmoid_gradient", dY.dtype), dY.size,
+           (y, dy, dX, i64(dY.size), real(dY.dtype, ctx.args.alpha)))

@@ -62,10 +62,23 @@ INDICES = ("int", "long long")
 OPTIONS = ("--fmad=false",)
 
 
+# Every KernelSource made, by name, so tests can compile them all ahead of a GPU: a source is
+# registered where it is written (an op's section, a GPU module), not in a central list.
+_SOURCES: dict[str, "KernelSource"] = {}
+
+
+def all_sources() -> list["KernelSource"]:
+    """Every CUDA source netrun has defined so far (all of them once netrun is imported)."""
+    return list(_SOURCES.values())
+
+
 class KernelSource:
     """One CUDA source of template kernels; `function(xp, name)` compiles it once per device."""
 
     def __init__(self, name: str, code: str, names: Iterable[str]):
+        if name in _SOURCES:
+            raise ValueError(f"CUDA source {name} defined twice")
+        _SOURCES[name] = self
         self.name = name
         self.code = code
         self.names = tuple(names)

@@ -6,14 +6,10 @@ other label readers, the update ops and LearningRate, and Dropout (with the coun
 device generator). Every other op, convolution included (its GPU algorithms are in
 netrun.conv.gpu), runs its shared `xp` kernel on CuPy. The CUDA sources are text compiled
 on first use, so importing this package imports no CuPy; netrun.ops imports it with the
-families, and a CPU workspace never looks these kernels up.
+families, and a CPU workspace never looks these kernels up. A short kernel stays in its op's
+section of the family module instead (HardSigmoid's, for one); every source registers itself
+(netrun.backends.cuda.source.all_sources).
 """
 from __future__ import annotations
 
-from netrun.backends.cuda import random
-from netrun.conv.gpu import depthwise_kernels, im2col_kernels
 from netrun.ops.gpu import batch_norm, dropout, loss, lrn, optimizers, pool  # noqa: F401
-
-# Every CUDA source netrun compiles, for tests that compile them all ahead of a GPU.
-SOURCES = (batch_norm.SOURCE, depthwise_kernels.SOURCE, im2col_kernels.SOURCE, lrn.SOURCE,
-           optimizers.SOURCE, pool.SOURCE, random.SOURCE, loss.SOURCE)
