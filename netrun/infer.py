@@ -132,7 +132,7 @@ def _read_file(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
                 raise NetrunError(f"'{path}' has no 'data' (or 'x') array; it has: {', '.join(f.files)}")
             label = next((f[k] for k in ("label", "labels", "y") if k in f.files), None)
             return f[key], label
-    import h5py
+    import h5py  # lazy: a heavy import that only HDF5 paths need
 
     try:
         with h5py.File(path, "r") as f:

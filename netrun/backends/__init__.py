@@ -24,11 +24,11 @@ def get_backend(device: str = "cpu") -> Backend:
     key = f"{kind}:{index}"
     if key not in _CACHE:
         if kind == "cpu":
-            from netrun.backends.cpu import CPUBackend
+            from netrun.backends.cpu import CPUBackend  # lazy, as the GPU one below
 
             _CACHE[key] = CPUBackend()
         else:
-            from netrun.backends.gpu import GPUBackend
+            from netrun.backends.gpu import GPUBackend  # lazy: imports CuPy
 
             _CACHE[key] = GPUBackend(index)
     return _CACHE[key]

@@ -71,8 +71,8 @@ def host_block(nbytes: int, populate: bool = False, reserve: bool = False) -> Ho
     (MAP_NORESERVE): pages cost memory once touched, so a large reservation holds what its
     users touch. Memory touched on demand stays in 4 KiB pages: those come from the kernel's
     free lists, while a huge page needs a free 2 MiB block, which a VM with free page
-    reporting (ours) has handed back to its host. Measured first touch: 4 KiB pages 0.4-0.6
-    ms per MB; huge pages 0.1-0.2 ms per MB on a quiet host, 2-5 ms per MB on a busy one.
+    reporting (ours) has handed back to its host. Huge pages fault in faster per byte on a
+    quiet host but far slower on a busy one (measurements: benchmarks/README.md).
     """
     size = max(PAGE, -(-int(nbytes) // PAGE) * PAGE)
     if size >= HUGE_PAGE:

@@ -24,7 +24,7 @@ from netrun.errors import BackendError
 
 def _import_cupy():
     try:
-        import cupy
+        import cupy  # optional: only a GPU workspace needs it
     except ImportError as e:
         raise BackendError(
             "device 'gpu' needs CuPy, which is not installed: "

@@ -54,7 +54,7 @@ def read_caffe_weights(path: str | Path) -> dict[str, list[np.ndarray]]:
 
 
 def _read_hdf5(path: Path) -> dict[str, list[np.ndarray]]:
-    import h5py
+    import h5py  # lazy: a heavy import that only HDF5 paths need
 
     layers: dict[str, list[np.ndarray]] = {}
 

@@ -21,7 +21,7 @@ def configure_algos(ws, mode: str | None, workspace_limit: str | None) -> None:
     """Apply the options to a workspace (nothing to do when both are unset)."""
     if mode is None and workspace_limit is None:
         return
-    from netrun.conv import configure, parse_bytes
+    from netrun.conv import configure, parse_bytes  # lazy: loaded when the command runs
 
     configure(ws, mode=mode or "heuristic",
               workspace_limit=parse_bytes(workspace_limit) if workspace_limit else None)

@@ -22,7 +22,7 @@ def algos() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print entries and algorithms as JSON.")
 def list_(cache_dir: str | None, as_json: bool) -> None:
     """Show every cached problem with its fastest algorithm, and the known algorithms."""
-    from netrun.conv import cache
+    from netrun.conv import cache  # lazy: loaded when the command runs
 
     folder = cache_dir or str(cache.default_cache_dir())
     files = [_file(path) for path in cache.list_files(folder)]
@@ -50,7 +50,7 @@ def list_(cache_dir: str | None, as_json: bool) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def clear(cache_dir: str | None, yes: bool) -> None:
     """Delete the cache files (the next exhaustive run searches again)."""
-    from netrun.conv import cache
+    from netrun.conv import cache  # lazy: loaded when the command runs
 
     folder = cache_dir or str(cache.default_cache_dir())
     files = cache.list_files(folder)
@@ -65,7 +65,7 @@ def clear(cache_dir: str | None, yes: bool) -> None:
 
 
 def _file(path) -> dict[str, Any]:
-    from netrun.conv import cache
+    from netrun.conv import cache  # lazy: loaded when the command runs
 
     header, entries = cache.read_file(path)
     out = []
@@ -82,7 +82,7 @@ def _file(path) -> dict[str, Any]:
 
 
 def _algorithms() -> list[dict[str, Any]]:
-    from netrun.conv.algorithm import algorithms
+    from netrun.conv.algorithm import algorithms  # lazy: loaded when the command runs
 
     return [{"name": a.name, "backend": backend, "deterministic": a.deterministic,
              "summary": a.summary}

@@ -22,14 +22,14 @@ def convert(source: str, target: str, which: str) -> None:
     A Caffe .prototxt converts to a netrun model YAML (all nets); other inputs write the
     net chosen by --net.
     """
-    from netrun.model import load_model
-    from netrun.proto.io import save_netdef
+    from netrun.model import load_model  # lazy: loaded when the command runs
+    from netrun.proto.io import save_netdef  # lazy: loaded when the command runs
 
     model = load_model(source)
     if source.endswith(".prototxt") and target.endswith((".yaml", ".yml")):
-        from pathlib import Path
+        from pathlib import Path  # lazy: loaded when the command runs
 
-        from netrun.caffe import caffe_to_yaml
+        from netrun.caffe import caffe_to_yaml  # lazy: loaded when the command runs
 
         # A whole Caffe net becomes a netrun model YAML (ops, init_ops, predict_ops).
         Path(target).write_text(caffe_to_yaml(model))

@@ -37,7 +37,7 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
     its .caffemodel)."""
     import numpy as np
 
-    from netrun.infer import Predictor, load_inputs, score
+    from netrun.infer import Predictor, load_inputs, score  # lazy: loaded when the command runs
 
     if checkpoint.endswith((".prototxt", ".yaml", ".yml", ".pbtxt")):
         if not weights:

@@ -13,7 +13,7 @@ DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8")
 
 def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict:
     """NAME=D1,D2,...[:DTYPE] (a full shape, batch first) -> {name: TensorSpec}."""
-    from netrun.core.schema import TensorSpec
+    from netrun.core.schema import TensorSpec  # lazy: loaded when the command runs
 
     specs = {}
     for text in values:
@@ -48,7 +48,7 @@ def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 def inspect(model_path: str, batch: int, inputs: dict, which: str, show_nets: bool,
             as_json: bool) -> None:
     """Per-op shapes, parameters and FLOPs of one of MODEL's nets."""
-    from netrun.model import load_model
+    from netrun.model import load_model  # lazy: loaded when the command runs
 
     model = load_model(model_path)
     console.detail(f"loaded model '{model.name}' from {model_path}: {len(model.params)} "
@@ -68,7 +68,7 @@ def inspect(model_path: str, batch: int, inputs: dict, which: str, show_nets: bo
 
 def report(model, which: str, batch: int, overrides: dict) -> dict[str, Any]:
     """Everything `inspect` shows, as plain data (the --json output)."""
-    from netrun.core.shape_inference import count_params
+    from netrun.core.shape_inference import count_params  # lazy: loaded when the command runs
 
     shapes = model.infer_shapes(which, batch, overrides)
     net = model.net(which)
@@ -139,7 +139,7 @@ def _si(n: float, unit: str = "") -> str:
 
 
 def _net_text(model, which: str) -> str:
-    from netrun.proto.pbtxt import netdef_to_text
+    from netrun.proto.pbtxt import netdef_to_text  # lazy: loaded when the command runs
 
     return netdef_to_text(model.net(which))
 

@@ -13,7 +13,7 @@ from netrun.cli.console import console
 @click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON.")
 def ops(type: str | None, as_json: bool) -> None:
     """List every operator, or show the full schema of one TYPE."""
-    from netrun.core.schema import all_schemas
+    from netrun.core.schema import all_schemas  # lazy: loaded when the command runs
 
     if type is None:
         rows = [_summary(s) for s in all_schemas().values()]
@@ -25,7 +25,7 @@ def ops(type: str | None, as_json: bool) -> None:
                         "yes" if r["gradient"] else "no", _clip(r["doc"], 72)] for r in rows))
         console.info(f"{len(rows)} operators; `netrun ops TYPE` shows one in full")
         return
-    from netrun.model.yaml_model import lookup_schema
+    from netrun.model.yaml_model import lookup_schema  # lazy: loaded when the command runs
 
     detail = _detail(lookup_schema(type))
     if as_json:
@@ -35,7 +35,7 @@ def ops(type: str | None, as_json: bool) -> None:
 
 
 def _io(names: tuple[str, ...], counts: tuple[int, int]) -> dict[str, Any]:
-    from netrun.core.schema import MANY
+    from netrun.core.schema import MANY  # lazy: loaded when the command runs
 
     lo, hi = counts
     return {"min": lo, "max": None if hi >= MANY else hi, "names": list(names)}
@@ -53,7 +53,7 @@ def _io_text(io: dict[str, Any]) -> str:
 
 
 def _summary(schema) -> dict[str, Any]:
-    from netrun.core.gradient import has_gradient
+    from netrun.core.gradient import has_gradient  # lazy: loaded when the command runs
 
     return {"type": schema.type, "family": schema.family,
             "inputs": _io(schema.input_names, schema.inputs),

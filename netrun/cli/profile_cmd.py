@@ -28,11 +28,11 @@ from netrun.cli.inspect_cmd import parse_inputs
 def profile(target, batch, iters, warmup, device, forward_only, inputs, json_file, trace, top,
             compare_algos, algo_search, workspace_limit):
     """Time every operator of a model, train config or checkpoint (Caffe's `caffe time`)."""
-    import json
-    import warnings
+    import json  # lazy: loaded when the command runs
+    import warnings  # lazy: loaded when the command runs
 
-    from netrun.profile.targets import prepare
-    from netrun.profile.timing import profile_net
+    from netrun.profile.targets import prepare  # lazy: loaded when the command runs
+    from netrun.profile.timing import profile_net  # lazy: loaded when the command runs
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -88,7 +88,7 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
 
 def _compare(net) -> dict[str, list[tuple[str, float]]]:
     """Each conv op's applicable algorithms with their times, fastest first."""
-    from netrun.conv import compare_algorithms, op_directions
+    from netrun.conv import compare_algorithms, op_directions  # lazy
 
     out = {}
     for i, op in enumerate(net.ops):

@@ -31,12 +31,12 @@ from netrun.cli.console import abort, console
 def train(config, device, output, resume, overrides, max_iter, data_dir, data_spec, weights,
           algo_search, workspace_limit, as_json):
     """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
-    from netrun.train.config import load_config, with_overrides
-    from netrun.train.trainer import Callbacks, Trainer
+    from netrun.train.config import load_config, with_overrides  # lazy
+    from netrun.train.trainer import Callbacks, Trainer  # lazy: loaded when the command runs
 
     data = _data_override(data_spec)
     if config.endswith(".prototxt"):
-        from netrun.caffe import is_solver_file, solver_to_config
+        from netrun.caffe import is_solver_file, solver_to_config  # lazy
 
         if not is_solver_file(config):
             abort(f"{config} is a Caffe net, not a solver: train with its solver .prototxt "
@@ -61,7 +61,7 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, data_sp
     if resume:
         console.info(f"resumed from {resume} at iteration {trainer.iteration}")
     elif weights:
-        from netrun.weights import load_weights
+        from netrun.weights import load_weights  # lazy: loaded when the command runs
 
         console.info(f"initial weights: {load_weights(trainer.ws, weights, trainer.model)}")
 
@@ -157,7 +157,7 @@ def _progress(total: int, done: int, as_json: bool):
     """A rich progress bar on an interactive stderr; None when piped or with --json."""
     if as_json or not console.interactive or console.verbosity < 0:
         return None
-    from rich.progress import (
+    from rich.progress import (  # lazy: loaded when the command runs
         BarColumn,
         MofNCompleteColumn,
         Progress,

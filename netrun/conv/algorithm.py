@@ -78,7 +78,7 @@ def sum_bias(xp, dy, dbias, scratch: Scratch) -> None:
     """dbias (K,) = Σ dy over every axis but the channel axis 1."""
     if dbias is not None:
         n, k = dy.shape[:2]
-        # The pixel sums as a matrix-vector product with ones (BLAS runs it 3× faster than
+        # The pixel sums as a matrix-vector product with ones (BLAS runs it faster than
         # NumPy's reduction), then the batch sum of the small (N, K) result. The ones live in
         # scratch, filled per call: oH·oW writes, nothing next to the product's cost.
         ones = scratch("conv.ones", (dy[0, 0].size,), dy.dtype)

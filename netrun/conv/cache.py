@@ -225,7 +225,7 @@ def _write(path: Path, entries: dict[str, Entry], backend: str, device_name: str
 def _file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock on `<path>.lock` (fcntl; a no-op where fcntl does not exist)."""
     try:
-        import fcntl
+        import fcntl  # POSIX only
     except ImportError:   # Windows: atomic rename still protects readers
         yield
         return

@@ -88,7 +88,8 @@ def warm_up(state: ConvState, algo: ConvAlgorithm, p: ConvProblem, direction: st
     args, out = {"forward": ((x, w), dy), "backward_data": ((dy, w), x),
                  "backward_filter": ((x, dy), w)}[direction]
     # One BLAS thread: a multithreaded OpenBLAS call at bind time left its threads in a state
-    # that slowed every later small GEMM (LeNet's steady iteration by 0.7 ms).
+    # that slowed every later small GEMM, and with it every steady iteration afterwards
+    # (measurements: benchmarks/README.md).
     with blas_threads(1):
         run_direction(direction, one, args, out,
                       lambda key, shape, dtype="float32": xp.empty(shape, dtype), xp)(algo)

@@ -11,7 +11,7 @@ from netrun.conv.cpu.jit_winograd import tiles
 from netrun.conv.problem import ConvProblem
 from netrun.errors import ShapeError
 
-# CPU, best first (measured on 2-core AVX-512 machines with OpenBLAS; the figures are in
+# CPU, best first (the order and the thresholds follow measurements, which are in
 # benchmarks/README.md):
 # - a depthwise conv runs directly (compiled when the engine is there);
 # - a 1×1 kernel is a plain GEMM;

@@ -29,7 +29,7 @@ class H5Writer:
     """Writes named arrays and JSON/text metadata; nothing is visible until commit()."""
 
     def __init__(self, path: str | os.PathLike):
-        import h5py
+        import h5py  # lazy: a heavy import that only HDF5 paths need
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +91,7 @@ class H5Reader:
     """Reads what an H5Writer committed; any damage is a CheckpointError naming the file."""
 
     def __init__(self, path: str | os.PathLike):
-        import h5py
+        import h5py  # lazy: a heavy import that only HDF5 paths need
 
         self.path = Path(path)
         if not self.path.exists():

@@ -1,12 +1,12 @@
 """Workspace memory: output buffers planned when a net is bound, scratch shared by every op.
 
-Fresh memory costs a page fault per page on first touch: 0.4-0.6 ms per MB in 4 KiB pages on
-the 2-core VMs we measure on; 0.1-0.2 ms per MB in 2 MiB huge pages, but 2-5 ms per MB while
-the host is busy (the VM hands free 2 MiB blocks back to its host, which must supply them
-again). A net's first iteration used to allocate each output on first write and each scratch
-key on first use (cifar10_quick training at batch 100: 50 MB of outputs, 96 MB of scratch
-under 55 keys, 25 MB more as keys grew), so page faults made it 1.5-3× a steady one, or far
-more on a busy host. Here, on host-memory backends:
+Fresh memory costs a page fault per page on first touch. 2 MiB huge pages cost less per byte
+than 4 KiB pages while the host is quiet, but far more while it is busy (the VM hands free
+2 MiB blocks back to its host, which must supply them again). A net's first iteration used
+to allocate each output on first write and each scratch key on first use (cifar10_quick
+training at batch 100: 50 MB of outputs, 96 MB of scratch under 55 keys, 25 MB more as keys
+grew), so page faults made it much slower than a steady one, and slower still on a busy
+host (measurements: benchmarks/README.md). Here, on host-memory backends:
 
 * Outputs are planned. When a net is bound and the shapes of the blobs it reads are known
   (or as soon as feeding makes them known), shape inference over the net gives every output
@@ -41,7 +41,7 @@ from netrun.core.shape_inference import infer_op
 from netrun.proto.defs import NetDef
 
 ALIGN = 256                  # bytes between buffers: whole cache lines, aligned vector loads
-MIN_PLAN_BYTES = 256 << 10   # smaller plans are not worth a mapping: their faults cost ~0.1 ms
+MIN_PLAN_BYTES = 256 << 10   # smaller plans are not worth a mapping: their faults cost little
 # Address space reserved for scratch at a time: pages cost memory once touched, and every op
 # carves from the start, so the memory held is the largest op's scratch (no fragmentation).
 SCRATCH_RESERVE = 512 << 20

@@ -72,8 +72,8 @@ def per_thread(n: int, block: int) -> tuple[int, int]:
 
 
 def start() -> None:
-    """Start the worker threads and find the BLAS thread setter now (about 4 ms the first
-    time), so that a net's first iteration does not pay for it."""
+    """Start the worker threads and find the BLAS thread setter now (a one-time cost that
+    shows in a short iteration), so that a net's first iteration does not pay for it."""
     t = thread_count()
     if t <= 1:
         return

@@ -297,7 +297,7 @@ def _maker(g) -> list:
 
 
 # The compiled kernels an algorithm may call load when a conv op is bound, not inside its first
-# iteration (Numba's disk cache takes a few hundred ms per process).
+# iteration (even loading them from Numba's disk cache takes a while in every process).
 @register_preparer(*CONV_TYPES)
 def _prepare(ctx) -> None:
     if not jit.enabled(ctx.xp):

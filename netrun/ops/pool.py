@@ -29,7 +29,7 @@ from netrun.errors import SchemaError, ShapeError
 from netrun.kernels.geometry import ConvGeometry
 from netrun.ops.common import conv_pool_args, same_as_input
 
-BLOCK_BYTES = 1 << 20   # input bytes per batch block (measured: 1-4 MB best on 2-core EPYC)
+BLOCK_BYTES = 1 << 20   # input bytes per batch block, sized for cache (see benchmarks/README.md)
 _POOL_ARGS = conv_pool_args() + (
     Arg("global_pooling", "int", 0, allowed=(0, 1), doc="1: one window over the whole image"),)
 _AVG_ARGS = _POOL_ARGS + (

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,6 @@ def link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, tmp)
     except OSError:
-        import shutil
-
         shutil.copyfile(src, tmp)
     os.replace(tmp, dst)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -137,8 +138,6 @@ class Trainer:
         try:
             self.ws.rng.bit_generator.state = state
         except (AttributeError, TypeError, ValueError):
-            import warnings
-
             warnings.warn("the checkpoint's device RNG state does not fit this device; "
                           "dropout masks will differ from an uninterrupted run")
 

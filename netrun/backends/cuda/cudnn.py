@@ -11,7 +11,7 @@ def cudnn_module() -> Any:
     global _MODULE
     if _MODULE is False:
         try:
-            import cudnn
+            import cudnn  # optional: nvidia-cudnn-frontend
         except Exception:   # not installed, or the cuDNN library is missing
             cudnn = None
         _MODULE = cudnn

@@ -169,7 +169,7 @@ def _hdf5_shapes(t: LayerContext, source: str | None) -> dict[str, tuple[int, ..
     if listing is None:
         return {}
     try:
-        import h5py
+        import h5py  # lazy: a heavy import that only HDF5 paths need
 
         lines = [s.strip() for s in listing.read_text().splitlines() if s.strip()]
         first = find_file(lines[0], listing.parent) if lines else None

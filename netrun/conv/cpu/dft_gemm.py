@@ -43,15 +43,15 @@ from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, add_bias, register
 from netrun.kernels.parallel import chunk_scratch, chunks
 
 # Images per block: a block's spectra (input and output, complex) stay near this size. The
-# per-frequency GEMMs have the block as one side, so larger blocks run them faster; measured
-# on CIFAR and LeNet shapes, 16 MiB beat 1-8 MiB by 10-30%.
+# per-frequency GEMMs have the block as one side, so larger blocks run them faster, up to
+# this size on CIFAR and LeNet shapes (measurements: benchmarks/README.md).
 BLOCK_BYTES = 16 << 20
 # Grids above this many rows or columns cost more in dense transforms than FFTs would.
 MAX_GRID = 64
 
 
-# Flop-equivalents charged per byte a transform's transposes move (strided copies run at a
-# few GB/s per core where GEMMs run at 80+ GFLOP/s).
+# Flop-equivalents charged per byte a transform's transposes move: strided copies move far
+# fewer bytes per second than GEMMs do flops (measurements: benchmarks/README.md).
 BYTE_COST = 8
 
 

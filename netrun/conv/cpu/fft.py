@@ -13,6 +13,8 @@ cost is independent of the kernel size, so 5×5 and larger kernels on small imag
 """
 from __future__ import annotations
 
+import numpy as np
+
 from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, add_bias, register_algorithm, sum_bias
 
 
@@ -126,8 +128,6 @@ class FFTConv(ConvAlgorithm):
 
 
 def _complex(dtype):
-    import numpy as np
-
     return np.result_type(dtype, np.complex64)
 
 

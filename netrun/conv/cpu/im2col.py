@@ -13,9 +13,10 @@ from netrun.kernels.jit import im2col as jit_im2col
 from netrun.kernels.parallel import chunk_scratch, chunks, per_thread
 
 # The im2col column buffer is filled this many bytes at a time (a block of images), which
-# keeps it in a moderate, reusable allocation however large the batch. 4 MB per thread beat
-# 8 MB by 5-10% on the benchmark's stride-2 3×3 filter gradient (even blocks per thread, and
-# more of each block still in cache for the GEMM) and tied on CIFAR's first layer.
+# keeps it in a moderate, reusable allocation however large the batch. A smaller buffer per
+# thread beat a larger one on the benchmark's stride-2 3×3 filter gradient (even blocks per
+# thread, and more of each block still in cache for the GEMM) and tied on CIFAR's first
+# layer (measurements: benchmarks/README.md).
 COL_BUFFER_BYTES = 4 << 20
 # backward_filter sums per-image products when a block's worth of filters is this small.
 PER_IMAGE_FILTER_ELEMENTS = 1 << 16
@@ -83,7 +84,8 @@ class Im2colGemm(ConvAlgorithm):
                 if b * dw.size <= PER_IMAGE_FILTER_ELEMENTS:
                     # A small filter (first layers): a GEMM per image straight from dY and
                     # per-image columns, then a sum of b tiny products, beats transposing dY
-                    # for one long GEMM (LeNet's conv1: 2.5× faster).
+                    # for one long GEMM: with so small a filter, the copy of dY costs more
+                    # than the longer GEMM saves (measurements: benchmarks/README.md).
                     col = _im2col(xp, x[n0:n1], p, s, batch_inner=False)   # (b, C, kh, kw, ·)
                     each = s("conv.dw_each", (b,) + dw.shape, dy.dtype)    # (b, G, K/G, ·)
                     xp.matmul(dy[n0:n1].reshape(b, p.group, p.kg, hw),

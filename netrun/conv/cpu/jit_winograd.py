@@ -35,7 +35,7 @@ from netrun.kernels.jit import winograd as kernels
 DTYPES = ("float32", "float64")
 M = 4                       # output tile side: F(4×4, 3×3)
 ALPHA = M + 2
-BLOCK_BYTES = 8 << 20       # per thread: the transformed input (α²·C·tiles) of a block, about
+BLOCK_BYTES = 8 << 20       # per thread: a block's transformed input (α²·C·tiles), about this
 
 
 @register_algorithm

@@ -75,7 +75,7 @@ class Kernel:
         if self._compiled is None:
             with _LOCK:
                 if self._compiled is None:
-                    import numba
+                    import numba  # optional and heavy: only when a kernel is first used
 
                     self._compiled = numba.njit(cache=True, nogil=True)(self.fn)
         return self._compiled
@@ -87,7 +87,7 @@ class Kernel:
     def _numba_type_(self):
         # Numba asks this of globals a kernel calls: another kernel is typed as its
         # dispatcher, so kernels can share compiled helpers.
-        from numba.core import types
+        from numba.core import types  # optional, as above
 
         return types.Dispatcher(self.compiled)
 

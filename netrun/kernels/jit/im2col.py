@@ -20,7 +20,7 @@ import numpy as np
 from netrun.kernels.jit import kernel
 
 if TYPE_CHECKING:
-    from netrun.conv.algorithm import ConvProblem
+    from netrun.conv.problem import ConvProblem  # annotations only (conv is above kernels)
 
 _u = np.uint64   # unsigned indices: no negative-index wraparound code in the loops
 

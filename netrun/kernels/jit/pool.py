@@ -39,7 +39,7 @@ import numpy as np
 
 from netrun.kernels.jit import kernel
 
-# float64 (gradient checks) keeps the NumPy path: each dtype is ~10 s of compiling, once
+# float64 (gradient checks) keeps the NumPy path: each dtype is a long compile of its own
 DTYPES = (np.dtype("float32"),)
 GROUP_ELEMENTS = 1 << 12   # padded plane elements per group: its buffers stay in L1/L2
 U = np.uint64

@@ -18,8 +18,9 @@ R = Aᵀ, and backward-filter's transform of dY a gather with L = A (β = m, no 
 
 The channels-last copies are allocated inside the kernels on purpose: passed in from the
 workspace, LLVM cannot rule out that they alias the operands and stops vectorizing the
-channel loops (the output transform ran 1.4-1.8× slower that way). They are one image's
-worth, from the C heap, which reuses the block from call to call.
+channel loops (the output transform ran markedly slower that way; measurements:
+benchmarks/README.md). They are one image's worth, from the C heap, which reuses the block
+from call to call.
 """
 from __future__ import annotations
 

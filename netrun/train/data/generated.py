@@ -21,8 +21,13 @@ import numpy as np
 from netrun.errors import ConfigError
 from netrun.train.data.base import Arrays, DataSource, SourceRequest, register_source
 from netrun.train.data.glyphs import build_templates
-from netrun.train.data.paths import (cache_root, checkout_data_dir, expand_path,
-                                     resolve_data_dir, writable_dir)
+from netrun.train.data.paths import (
+    cache_root,
+    checkout_data_dir,
+    expand_path,
+    resolve_data_dir,
+    writable_dir,
+)
 
 VERSION = 1                  # bump when the rendering changes: it is part of the cache key
 SIZE = 28

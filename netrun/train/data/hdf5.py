@@ -13,14 +13,22 @@ from typing import Any
 import numpy as np
 
 from netrun.errors import ConfigError, NetrunError
-from netrun.train.data.base import (Arrays, DataSource, SourceRequest, as_images, as_labels,
-                                    check_lengths, label_dtype, register_source)
+from netrun.train.data.base import (
+    Arrays,
+    DataSource,
+    SourceRequest,
+    as_images,
+    as_labels,
+    check_lengths,
+    label_dtype,
+    register_source,
+)
 from netrun.train.data.paths import expand_path
 
 
 def _h5py():
     try:
-        import h5py
+        import h5py  # lazy: a heavy import that only HDF5 paths need
     except ImportError:
         raise NetrunError("the hdf5 data source needs h5py: pip install h5py") from None
     return h5py

@@ -15,8 +15,16 @@ import numpy as np
 from numpy.lib.npyio import NpzFile
 
 from netrun.errors import ConfigError, NetrunError
-from netrun.train.data.base import (Arrays, DataSource, SourceRequest, as_images, as_labels,
-                                    check_lengths, label_dtype, register_source)
+from netrun.train.data.base import (
+    Arrays,
+    DataSource,
+    SourceRequest,
+    as_images,
+    as_labels,
+    check_lengths,
+    label_dtype,
+    register_source,
+)
 from netrun.train.data.paths import expand_path
 
 
