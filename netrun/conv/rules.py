@@ -73,7 +73,7 @@ def rule_choice(p: ConvProblem, pool: list[ConvAlgorithm], direction: str = "for
         algo = names.get(name)
         if algo is not None and algo.supports(xp, p, direction):
             return algo
-    return pool[0]
+    return next((a for a in pool if a.supports(xp, p, direction)), pool[0])
 
 
 def fixed_algorithm(p: ConvProblem, fixed: str, backend: str) -> ConvAlgorithm | None:

@@ -6,11 +6,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import netrun
-from netrun import jit
-from netrun.algos import fft as fft_module
-from netrun.ops import conv_algos
-from netrun.ops.conv_algos import ALGORITHMS, ConvProblem
+from netrun.conv.algorithm import ConvProblem, algorithms, applicable_algorithms
+from netrun.conv.cpu import fft as fft_module
+from netrun.conv.cpu import im2col as im2col_module
+from netrun.kernels import jit
 from tests.algos.reference import ref_conv
+
+ALGORITHMS = algorithms("cpu")   # name -> the registered CPU algorithm
 
 # What each algorithm must handle: the constraints of the random problems it is tested on.
 # A new algorithm needs an entry here (test_every_algorithm_has_a_strategy).
@@ -120,10 +122,16 @@ def _gradient_refs(p: ConvProblem, seed: int):
 
 
 def test_every_algorithm_has_a_strategy():
-    from netrun.algos.gpu import GPUAlgorithm
+    from netrun.conv.gpu.base import GPUAlgorithm
 
-    cpu = {name for name, algo in ALGORITHMS.items() if not isinstance(algo, GPUAlgorithm)}
-    assert set(CONSTRAINTS) == cpu
+    cpu = algorithms("cpu")
+    assert set(CONSTRAINTS) == set(cpu)
+    # the CPU registry holds CPU algorithms only: GPU ones live under "gpu"
+    assert all(a.backend == "cpu" and not isinstance(a, GPUAlgorithm) for a in cpu.values())
+    assert not set(cpu) & set(algorithms("gpu"))
+    # registration order is the order searches time them and the rules' last resort: first
+    # the algorithm that runs every problem
+    assert next(iter(cpu)) == "im2col_gemm", list(cpu)
 
 
 OUTSIDE = {   # a problem just outside each algorithm's constraints
@@ -177,7 +185,7 @@ def test_algorithms_match_torch_in_float32(case):
     ty.backward(torch.tensor(dy))
     refs = [t.detach().numpy() for t in (ty, tx.grad, tw.grad, tb.grad)]
     ran = []
-    for algo in conv_algos.applicable_algorithms(p):
+    for algo in applicable_algorithms(p):
         scratch = netrun.Workspace().scratch
         y, dx, dw, db = (np.full(r.shape, np.nan, np.float32) for r in refs)
         algo.forward(np, x, w, p, y, scratch, bias=b)
@@ -197,7 +205,7 @@ def test_algorithms_match_torch_in_float32(case):
 # Details --------------------------------------------------------------------------------------
 def test_im2col_blocks_over_the_batch(monkeypatch):
     """With a tiny column budget every image is its own block; results do not change."""
-    monkeypatch.setattr(conv_algos, "COL_BUFFER_BYTES", 1)
+    monkeypatch.setattr(im2col_module, "COL_BUFFER_BYTES", 1)
     algo = ALGORITHMS["im2col_gemm"]
     p = ConvProblem(3, 4, 6, 5, 4, 3, 2, 2, 1, 1, 0, 2, 1, 1, 2, 2, "float64")
     assert algo.block(p) == 1
@@ -209,18 +217,18 @@ def test_im2col_blocks_over_the_batch(monkeypatch):
 @pytest.mark.parametrize("per_image", [0, 1 << 30])
 def test_im2col_filter_gradient_both_ways(per_image, monkeypatch):
     """Per-image products summed (small filters) and one batch-inner GEMM agree."""
-    monkeypatch.setattr(conv_algos, "PER_IMAGE_FILTER_ELEMENTS", per_image)
+    monkeypatch.setattr(im2col_module, "PER_IMAGE_FILTER_ELEMENTS", per_image)
     p = ConvProblem(3, 4, 7, 6, 6, 3, 2, 1, 2, 1, 0, 2, 1, 2, 1, 2, "float64")
     got, refs = run_all(ALGORITHMS["im2col_gemm"], p, 5)
     np.testing.assert_allclose(got[2], refs[2], rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(got[3], refs[3], rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("name,module", [("shift_gemm", "netrun.algos.shift"),
-                                         ("winograd_f4x4", "netrun.algos.winograd"),
-                                         ("dft_gemm", "netrun.algos.dft"),
-                                         ("depthwise", "netrun.algos.depthwise"),
-                                         ("winograd_jit", "netrun.algos.jit_winograd")])
+@pytest.mark.parametrize("name,module", [("shift_gemm", "netrun.conv.cpu.shift"),
+                                         ("winograd_f4x4", "netrun.conv.cpu.winograd"),
+                                         ("dft_gemm", "netrun.conv.cpu.dft_gemm"),
+                                         ("depthwise", "netrun.conv.cpu.depthwise"),
+                                         ("winograd_jit", "netrun.conv.cpu.jit_winograd")])
 def test_blocked_algorithms_agree_across_block_sizes(name, module, monkeypatch):
     """One image per block and the whole batch in one block give the same answer."""
     import importlib
@@ -256,7 +264,7 @@ def test_algorithms_keep_float32():
     """No silent float64 promotion: scratch and results stay in the problem's dtype."""
     p = ConvProblem(2, 4, 6, 6, 4, 3, 3, 1, 1, 1, 1, 1, 1)
     ws = netrun.Workspace()
-    for algo in conv_algos.applicable_algorithms(p):
+    for algo in applicable_algorithms(p):
         run_all(algo, p, 0, ws.scratch)
     dtypes = {str(buf.dtype) for buf in ws.memory.keyed.values()}
     assert dtypes <= {"float32", "complex64", "bool"}, dtypes
@@ -266,14 +274,14 @@ def test_algorithms_keep_float32():
 def test_algorithms_agree_when_the_batch_is_split_across_threads(name, monkeypatch):
     """Chunks of images on worker threads (3 here, an uneven split of 5 images), partial
     filter gradients summed: the same answer as the reference."""
-    from netrun.algos import parallel
+    from netrun.kernels import parallel
 
     monkeypatch.setattr(parallel, "thread_count", lambda: 3)
     monkeypatch.setattr(parallel, "MIN_ELEMENTS", 0)
     calls = []
     real = parallel.chunks
     monkeypatch.setattr(parallel, "chunks", lambda *a, **k: calls.append(1) or real(*a, **k))
-    for module in ("netrun.ops.conv_algos", "netrun.algos.shift", "netrun.algos.dft"):
+    for module in ("netrun.conv.cpu.im2col", "netrun.conv.cpu.shift", "netrun.conv.cpu.dft_gemm"):
         import importlib
 
         monkeypatch.setattr(importlib.import_module(module), "chunks", parallel.chunks)
@@ -293,7 +301,7 @@ def test_algorithms_agree_when_the_batch_is_split_across_threads(name, monkeypat
 
 
 def test_chunks_split_the_range_and_use_private_scratch(monkeypatch):
-    from netrun.algos import parallel
+    from netrun.kernels import parallel
 
     monkeypatch.setattr(parallel, "thread_count", lambda: 3)
     seen = []

@@ -7,9 +7,9 @@ from dataclasses import fields, replace
 
 import pytest
 
-from netrun.algos import cache
-from netrun.algos.cache import AlgoCacheWarning, Entry, cache_key
-from netrun.ops.conv_algos import ConvProblem
+from netrun.conv import cache
+from netrun.conv.cache import AlgoCacheWarning, Entry, cache_key
+from netrun.conv.problem import ConvProblem
 
 BASE = ConvProblem(8, 4, 10, 12, 6, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2, "float32", "NCHW")
 ENV = {"backend": "cpu", "device": "Some CPU", "numpy": "2.0.0", "blas": "openblas 0.3",
@@ -47,6 +47,10 @@ def test_environment_names_threads_and_libraries(monkeypatch):
     assert env["numpy"] and env["blas"]
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
     assert cache.environment("cpu", "Some CPU")["threads"] == "1"
+    # a backend's own library versions (CUDA, CuPy, cuDNN on a GPU) join the fields
+    gpu = cache.environment("gpu", "Some GPU", {"cupy": "13.0", "cudnn": "9.1"})
+    assert gpu["cupy"] == "13.0" and gpu["cudnn"] == "9.1" and gpu["backend"] == "gpu"
+    assert "cupy" not in cache.environment("cpu", "Some CPU")
 
 
 def test_cache_dir_comes_from_the_environment(monkeypatch, tmp_path):

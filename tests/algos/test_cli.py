@@ -6,10 +6,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from netrun.algos import cache
-from netrun.algos.cache import Entry, cache_key, environment
 from netrun.cli.algos_cmd import algos
-from netrun.ops.conv_algos import ALGORITHMS, ConvProblem
+from netrun.conv import cache
+from netrun.conv.algorithm import algorithm_names, algorithms
+from netrun.conv.cache import Entry, cache_key, environment
+from netrun.conv.problem import ConvProblem
 
 
 def run(folder, *args, code=0, input=None):
@@ -37,7 +38,9 @@ def test_list_json_shows_entries_and_algorithms(filled):
     (e,) = f["entries"]
     assert e["direction"] == "forward" and e["best"] == "shift_gemm"
     assert "n64 c20 h12 w12 k50 kernel5x5" in e["problem"] and e["env"]["device"] == "Test CPU"
-    assert {a["name"] for a in data["algorithms"]} == set(ALGORITHMS)
+    assert {a["name"] for a in data["algorithms"]} == set(algorithm_names())
+    for a in data["algorithms"]:   # every algorithm of both backends, under its own
+        assert a["name"] in algorithms(a["backend"]), a
 
 
 def test_list_table(filled):

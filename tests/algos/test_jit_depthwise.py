@@ -10,18 +10,18 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import netrun
-from netrun import jit
-from netrun.algos import parallel
+from netrun.conv.algorithm import algorithms
+from netrun.conv.cpu import im2col as im2col_module
+from netrun.conv.problem import ConvProblem
 from netrun.core.net import SimpleNet
 from netrun.core.operator import Operator
-from netrun.ops import conv_algos
-from netrun.ops.conv_algos import ALGORITHMS, ConvProblem
+from netrun.kernels import jit, parallel
 from tests.algos.reference import ref_conv
 from tests.algos.test_algorithms import DIRECTIONS, problems, run_all
 
 needs_numba = pytest.mark.skipif(not jit.available(),
                                  reason="Numba is not installed (or NETRUN_JIT=0)")
-ALGO = ALGORITHMS["depthwise_jit"]
+ALGO = algorithms("cpu")["depthwise_jit"]
 KERNELS = ("forward", "backward_data", "backward_filter")
 # MobileNet-like: 3×3 "same" at stride 1, a stride-2 one, and a multiplier with dilation
 SHAPES = {
@@ -119,7 +119,7 @@ def test_non_contiguous_outputs_are_written_through_scratch():
 def test_other_array_modules_and_the_switch_run_the_numpy_algorithm(monkeypatch):
     """Inside jit.disabled(), or on another array module (CuPy on a GPU workspace), no kernel
     runs and the NumPy depthwise algorithm gives the answer."""
-    from netrun.jit import depthwise as kernels
+    from netrun.kernels.jit import depthwise as kernels
 
     def refuse(*args):
         raise AssertionError("a compiled kernel ran")
@@ -155,7 +155,7 @@ def test_applicability(monkeypatch):
 def test_binding_a_grouped_conv_prepares_the_float32_kernels(monkeypatch):
     """The compiled code loads when a grouped conv op is bound, not in its first iteration;
     plain convs, other fixed algorithms and a disabled engine load nothing."""
-    from netrun.jit import depthwise as kernels
+    from netrun.kernels.jit import depthwise as kernels
 
     prepared = []
     for name in KERNELS:
@@ -197,7 +197,7 @@ def test_the_prepared_signatures_are_the_ones_a_float32_conv_op_calls(monkeypatc
     are exactly those the preparer compiles: nothing is compiled in the first iteration."""
     from numba.core.sigutils import normalize_signature
 
-    from netrun.jit import depthwise as kernels
+    from netrun.kernels.jit import depthwise as kernels
 
     ws = netrun.Workspace()
     rng = np.random.default_rng(0)
@@ -215,13 +215,13 @@ def test_the_prepared_signatures_are_the_ones_a_float32_conv_op_calls(monkeypatc
         assert set(called[name]) == {normalize_signature(kernels.SIGNATURES[name])[0]}, name
 
 
-# The compiled im2col / col2im (netrun.jit.im2col) ------------------------------------------
+# The compiled im2col / col2im (netrun.kernels.jit.im2col) -----------------------------------
 @needs_numba
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_im2col_and_col2im_are_bitwise_those_of_numpy(data):
     """Both column layouts and the scatter-add back, on random geometries (float32)."""
-    from netrun.jit import im2col as compiled
+    from netrun.kernels.jit import im2col as compiled
 
     p, seed = data.draw(problems())
     p = replace(p, dtype="float32")
@@ -229,12 +229,14 @@ def test_im2col_and_col2im_are_bitwise_those_of_numpy(data):
     x = rng.standard_normal((p.n, p.c, p.h, p.w)).astype(np.float32)
     scratch = netrun.Workspace().scratch
     for batch_inner in (False, True):
-        ref = conv_algos._im2col(np, x, p, scratch, batch_inner).copy()
+        with jit.disabled():   # the NumPy path (with the engine on it calls the kernel)
+            ref = im2col_module._im2col(np, x, p, scratch, batch_inner).copy()
         col = compiled.im2col(x, p, scratch, batch_inner)
         assert np.array_equal(col, ref), f"batch_inner={batch_inner} {p.describe()}"
     col = rng.standard_normal((p.n, p.c, p.kh, p.kw, p.oh, p.ow)).astype(np.float32)
     ref, got = np.full(x.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
-    conv_algos._col2im(np, col, p, ref, scratch)
+    with jit.disabled():
+        im2col_module._col2im(np, col, p, ref, scratch)
     compiled.col2im(col, p, got)
     assert np.array_equal(got, ref), p.describe()
 
@@ -243,7 +245,7 @@ def test_im2col_and_col2im_are_bitwise_those_of_numpy(data):
 def test_im2col_calls_only_the_signatures_it_prepares(monkeypatch):
     from numba.core.sigutils import normalize_signature
 
-    from netrun.jit import im2col as compiled
+    from netrun.kernels.jit import im2col as compiled
 
     called = _spy(monkeypatch, compiled, ("unfold", "fold"))
     p = ConvProblem(3, 4, 9, 8, 5, 3, 3, 2, 2, 1, 1, 1, 1, dtype="float32")

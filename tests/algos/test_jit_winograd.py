@@ -9,16 +9,18 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import netrun
-from netrun import jit
-from netrun.algos import jit_winograd, parallel
+from netrun.conv.algorithm import algorithms
+from netrun.conv.cpu import jit_winograd
+from netrun.conv.problem import ConvProblem
 from netrun.core.net import SimpleNet
 from netrun.core.operator import Operator
-from netrun.ops.conv_algos import ALGORITHMS, ConvProblem
+from netrun.kernels import jit, parallel
 from tests.algos.test_algorithms import DIRECTIONS, problems, run_all
 from tests.algos.test_jit_depthwise import _spy
 
 needs_numba = pytest.mark.skipif(not jit.available(),
                                  reason="Numba is not installed (or NETRUN_JIT=0)")
+ALGORITHMS = algorithms("cpu")
 ALGO = ALGORITHMS["winograd_jit"]
 SHAPES = {   # ResNet-like "same" 3×3, the benchmark's dilated layer (smaller), odd everything
     "3x3 same": ConvProblem(3, 16, 14, 13, 24, 3, 3, 1, 1, 1, 1, 1, 1),
@@ -70,7 +72,7 @@ def test_bitwise_identical_across_runs(monkeypatch):
 def test_without_the_engine_it_runs_the_numpy_algorithms(monkeypatch):
     """jit.disabled() (or CuPy): winograd_f4x4 for undilated problems, shift_gemm for dilated
     ones, so a remembered choice stays valid; no kernel runs."""
-    from netrun.jit import winograd as kernels
+    from netrun.kernels.jit import winograd as kernels
 
     def refuse(*args):
         raise AssertionError("a compiled kernel ran")
@@ -111,12 +113,12 @@ def test_tiles_count_every_phase():
 
 def test_binding_a_3x3_conv_prepares_the_kernels(monkeypatch):
     """Loaded at bind time for stride-1 3×3 group-1 convs (heuristic or fixed), not others."""
-    from netrun.jit import winograd as kernels
+    from netrun.kernels.jit import winograd as kernels
 
     prepared = []
     monkeypatch.setattr(kernels, "prepare", lambda dtype="float32": prepared.append(dtype))
     monkeypatch.setattr(jit, "available", lambda: True)
-    from netrun.jit import im2col
+    from netrun.kernels.jit import im2col
     monkeypatch.setattr(im2col, "prepare", lambda: None)
     ws = netrun.Workspace()
 
@@ -140,7 +142,7 @@ def test_the_prepared_signatures_are_the_ones_a_float32_conv_op_calls(monkeypatc
     preparer compiles: nothing is compiled in the first iteration."""
     from numba.core.sigutils import normalize_signature
 
-    from netrun.jit import winograd as kernels
+    from netrun.kernels.jit import winograd as kernels
 
     ws = netrun.Workspace()
     rng = np.random.default_rng(0)

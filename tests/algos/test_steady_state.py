@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import netrun
-from netrun import jit
 from netrun.core.net import SimpleNet
+from netrun.kernels import jit
 
 # (conv args, input shape, filter shape) per algorithm; every array is about 1 MB.
 # Not fft: NumPy's pocketfft allocates temporaries even with out= (its rfft of a (64, 32, 20,

@@ -385,34 +385,20 @@ CUPY = EmuCuPy()
 def emulated_gpu():
     """Within the block, device 'gpu' is the real GPUBackend running on EmuCuPy.
 
-    Afterwards `sys.modules['cupy']`, the backend cache, the algorithm and kernel registries
-    and the GPU modules first imported inside the block are as they were, so CPU tests that
-    run later in the process (the operator table, the algorithm list) see a CPU-only process.
+    Afterwards `sys.modules['cupy']` and the backend cache are as they were. Nothing else
+    needs restoring: the GPU kernels and algorithms are registered whenever netrun is
+    imported (their CUDA sources are text), and creating the backend changes no registry.
     """
     import sys
 
     import pytest
 
     from netrun import backends
-    from netrun.core import registry
-    from netrun.ops.conv_algos import ALGORITHMS
 
-    saved_algorithms, saved_kernels = dict(ALGORITHMS), dict(registry._KERNELS)
-    gpu_modules = ("netrun.backends.gpu_kernels", "netrun.algos.gpu")
-    loaded = {m for m in sys.modules if m.startswith(gpu_modules)}
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(sys.modules, "cupy", CUPY)
         from netrun.backends.gpu import GPUBackend
 
         backend = GPUBackend(0)
         mp.setitem(backends._CACHE, "gpu:0", backend)
-        try:
-            yield backend
-        finally:
-            ALGORITHMS.clear()
-            ALGORITHMS.update(saved_algorithms)
-            registry._KERNELS.clear()
-            registry._KERNELS.update(saved_kernels)
-            for name in [m for m in sys.modules if m.startswith(gpu_modules)]:
-                if name not in loaded:
-                    del sys.modules[name]
+        yield backend

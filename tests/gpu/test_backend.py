@@ -8,22 +8,19 @@ import numpy as np
 import pytest
 
 import netrun
+from netrun.backends.cuda.random import GOLDEN, MASK64, DeviceGenerator, mix64
 from tests.opcheck import run_op
 
-# The GPU kernel modules are imported inside the tests, once the fixture has installed the
-# backend: importing them registers GPU kernels, which CPU tests of this process must not see.
+# The device code (netrun.backends.cuda) is CUDA source text: importing it loads no CuPy and
+# registers nothing, so it is imported here like any module.
 
 
 def _generator(xp, seed):
-    from netrun.backends.gpu_kernels.random import DeviceGenerator
-
     return DeviceGenerator(xp, seed)
 
 
 def host_uniform(seed: int, counter: int, count: int, dtype=np.float32) -> np.ndarray:
     """DeviceGenerator(seed)'s draws from `counter` on, computed with NumPy (SplitMix64)."""
-    from netrun.backends.gpu_kernels.random import GOLDEN, MASK64, mix64
-
     key = np.uint64(mix64((seed * GOLDEN + GOLDEN) & MASK64))
     index = np.arange(counter, counter + count, dtype=np.uint64)
     with np.errstate(over="ignore"):

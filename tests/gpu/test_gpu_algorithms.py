@@ -8,12 +8,15 @@ import numpy as np
 import pytest
 
 import netrun
-from netrun import algos
-from netrun.algos import search as cpu_search
-from netrun.algos.gpu import search
-from netrun.algos.gpu.base import GPUAlgorithm, GPUConvProblem
+from netrun import conv as algos
+from netrun.conv import select
+from netrun.conv.algorithm import algorithms, applicable_algorithms
+from netrun.conv.gpu.base import GPUAlgorithm
+from netrun.conv.problem import ConvProblem
+from netrun.conv.rules import fixed_algorithm
 from netrun.errors import ShapeError
-from netrun.ops.conv_algos import ALGORITHMS, ConvProblem, applicable_algorithms
+
+CPU, GPU = algorithms("cpu"), algorithms("gpu")   # name -> algorithm, per backend
 
 PROBLEMS = {   # ConvProblem(n, c, h, w, k, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, group)
     "3x3 pad 1": ConvProblem(2, 3, 6, 7, 4, 3, 3, 1, 1, 1, 1, 1, 1),
@@ -29,7 +32,7 @@ PROBLEMS = {   # ConvProblem(n, c, h, w, k, kh, kw, sh, sw, pt, pl, pb, pr, dh, 
 
 def _reference(p: ConvProblem, x, w, dy):
     """(Y + bias, dX, dW, db) from the CPU's im2col + GEMM in float64."""
-    ref = ALGORITHMS["im2col_gemm"]
+    ref = CPU["im2col_gemm"]
     scratch = netrun.Workspace("cpu").scratch
     bias = np.linspace(-1, 1, p.k)
     y = np.empty((p.n, p.k, p.oh, p.ow))
@@ -55,17 +58,14 @@ def _run_gpu(backend, algo, p, x, w, dy, bias):
 
 @pytest.mark.parametrize("name", sorted(PROBLEMS))
 def test_every_applicable_gpu_algorithm_matches_im2col(gpu, name):
-    cpu_p = PROBLEMS[name]
-    p = GPUConvProblem.of(cpu_p)
+    p = PROBLEMS[name]   # one ConvProblem on every backend
     rng = np.random.default_rng(0)
     x = rng.standard_normal((p.n, p.c, p.h, p.w))
     w = rng.standard_normal((p.k, p.cg, p.kh, p.kw))
     dy = rng.standard_normal((p.n, p.k, p.oh, p.ow))
-    bias, refs = _reference(cpu_p, x, w, dy)
+    bias, refs = _reference(p, x, w, dy)
     ran = []
-    for algo in search.gpu_algorithms():
-        if not algo.applicable(p):
-            continue
+    for algo in applicable_algorithms(p, "gpu"):
         got = _run_gpu(gpu, algo, p, x, w, dy, bias)
         for what, a, r in zip(("forward", "backward_data", "backward_filter", "dbias"), got, refs):
             np.testing.assert_allclose(a, r, rtol=1e-9, atol=1e-9,
@@ -75,10 +75,10 @@ def test_every_applicable_gpu_algorithm_matches_im2col(gpu, name):
 
 
 def test_im2col_blocks_give_the_same_result(gpu, monkeypatch):
-    import netrun.algos.gpu.im2col as im2col
+    import netrun.conv.gpu.im2col as im2col
 
-    p = GPUConvProblem.of(PROBLEMS["5x5 stride 2"])
-    algo = ALGORITHMS["gpu_im2col_gemm"]
+    p = PROBLEMS["5x5 stride 2"]
+    algo = GPU["gpu_im2col_gemm"]
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((p.n, p.c, p.h, p.w)), rng.standard_normal((p.k, p.c, 5, 5))
     dy = rng.standard_normal((p.n, p.k, p.oh, p.ow))
@@ -90,11 +90,21 @@ def test_im2col_blocks_give_the_same_result(gpu, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_registration_order_starts_with_im2col_and_ends_with_cudnn():
+    """The order searches time them and the rules' last resort (the first): the algorithm that
+    runs every problem first, the optional engine (which may lack a plan) last."""
+    names = list(GPU)
+    assert names[0] == "gpu_im2col_gemm" and names[-1] == "cudnn", names
+
+
 def test_cpu_problems_never_get_gpu_algorithms(gpu):
+    assert GPU and all(isinstance(a, GPUAlgorithm) and a.backend == "gpu" for a in GPU.values())
     for p in PROBLEMS.values():
         assert not any(isinstance(a, GPUAlgorithm) for a in applicable_algorithms(p))
-        assert all(isinstance(a, GPUAlgorithm) for a in search.candidates(
-            GPUConvProblem.of(p), algos.AlgoSettings()))
+        assert not any(isinstance(a, GPUAlgorithm) for a in select.candidates(
+            p, algos.AlgoSettings()))
+        assert all(isinstance(a, GPUAlgorithm) for a in select.candidates(
+            p, algos.AlgoSettings(), "gpu"))
     # and a CPU conv op in the same process still picks a CPU algorithm
     ws = netrun.Workspace("cpu")
     ws.feed_blob("X", np.ones((1, 2, 5, 5), np.float32))
@@ -133,7 +143,10 @@ def test_rules_and_fixed_names(gpu, shapes, args, want):
     fwd, grad = _conv_net(ws, *shapes, **args)
     assert fwd.ctx.state["algo"] == want
     assert grad.ctx.state["algo"] == want
-    assert set(grad.ctx.state["setup"][3]) == {"backward_filter", "backward_data"}
+    plan = grad.ctx.state["plan"]
+    assert set(plan.algos) == {"backward_filter", "backward_data"}
+    assert {a.name for a in plan.algos.values()} == {want} and plan.label == want
+    assert fwd.ctx.state["plan"].algos == {"forward": GPU[want]}
 
 
 def test_fixed_gpu_algorithm_that_cannot_run_fails(gpu):
@@ -142,23 +155,30 @@ def test_fixed_gpu_algorithm_that_cannot_run_fails(gpu):
         _conv_net(ws, (1, 2, 7, 7), (3, 2, 5, 5), kernel=5, algo="gpu_winograd_f2x2")
 
 
-def test_gpu_algorithm_names_are_unknown_on_cpu_problems(gpu):
+def test_gpu_algorithm_names_never_run_gpu_algorithms_on_the_cpu(gpu):
+    """A GPU algorithm's name on a CPU workspace means its CPU counterpart (the rules where
+    there is none or it cannot run p): a CPU problem never gets a GPU algorithm."""
     p = PROBLEMS["3x3 pad 1"]
-    from netrun.ops.conv_algos import select_algorithm
-
-    with pytest.raises(ShapeError, match="cannot run"):
-        select_algorithm(p, "gpu_im2col_gemm")
+    assert fixed_algorithm(p, "gpu_im2col_gemm", "cpu") is CPU["im2col_gemm"]
+    assert fixed_algorithm(p, "gpu_gemm_1x1", "cpu") is None     # gemm_1x1 cannot run 3×3
+    assert fixed_algorithm(p, "cudnn", "cpu") is None            # no CPU counterpart
+    with pytest.raises(ShapeError, match="unknown convolution algorithm"):
+        fixed_algorithm(p, "gpu_nonesuch", "cpu")
+    ws = netrun.Workspace("cpu")
+    for fixed in ("gpu_im2col_gemm", "cudnn"):
+        chosen = select.choose(ws.conv, p, "forward", ws.backend, fixed)
+        assert not isinstance(chosen, GPUAlgorithm) and chosen.name in CPU
 
 
 def test_exhaustive_search_is_cached_per_gpu_with_library_versions(gpu, tmp_path):
-    cpu_search.STATS.reset()
-    for round_ in range(2):
+    counts = []
+    for _ in range(2):   # the second workspace finds every answer in the cache
         ws = netrun.Workspace("gpu")
         algos.configure(ws, mode="exhaustive", cache_dir=str(tmp_path))
         fwd, grad = _conv_net(ws, (2, 4, 6, 6), (4, 4, 3, 3), kernel=3, pad=1)
-        if round_ == 0:
-            assert cpu_search.STATS.searches == 3 and cpu_search.STATS.cache_hits == 0
-    assert cpu_search.STATS.searches == 3 and cpu_search.STATS.cache_hits == 3
+        counts.append((ws.conv.stats.searches, ws.conv.stats.cache_hits))
+        assert fwd.ctx.state["algo"] in GPU
+    assert counts == [(3, 0), (0, 3)]
     (path,) = tmp_path.glob("gpu-*.json")
     data = json.loads(path.read_text())
     keys = list(data["entries"])
@@ -169,10 +189,11 @@ def test_exhaustive_search_is_cached_per_gpu_with_library_versions(gpu, tmp_path
 
 
 def test_workspace_limit_and_deterministic_mode(gpu):
-    p = GPUConvProblem.of(PROBLEMS["3x3 pad 1"])
+    p = PROBLEMS["3x3 pad 1"]
     tiny = algos.AlgoSettings(workspace_limit=0)
-    (only,) = search.candidates(p, tiny)
-    assert only.workspace_bytes(p) == min(a.workspace_bytes(p) for a in search.gpu_algorithms()
-                                          if a.applicable(p))
-    det = search.candidates(p, algos.AlgoSettings(mode="deterministic"))
-    assert det and all(a.deterministic for a in det)
+    (only,) = select.candidates(p, tiny, "gpu")
+    assert only.workspace_bytes(p) == min(a.workspace_bytes(p)
+                                          for a in applicable_algorithms(p, "gpu"))
+    assert isinstance(only, GPUAlgorithm)
+    det = select.candidates(p, algos.AlgoSettings(mode="deterministic"), "gpu")
+    assert det and all(a.deterministic and isinstance(a, GPUAlgorithm) for a in det)

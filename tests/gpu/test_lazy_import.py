@@ -1,5 +1,6 @@
-"""CPU-only users never import CuPy, the GPU kernels or the GPU algorithms; asking for the GPU
-without CuPy fails with a clear BackendError."""
+"""CPU-only users never import CuPy, the GPU backend or cuDNN (the GPU kernels and algorithms
+are always registered, as CUDA source text, and never run); asking for the GPU without CuPy
+fails with a clear BackendError."""
 from __future__ import annotations
 
 import subprocess
@@ -22,26 +23,28 @@ def test_cpu_workspaces_never_import_cupy():
         import sys
         import numpy as np
         import netrun
-        from netrun import algos
+        from netrun.conv.algorithm import algorithms
         ws = netrun.Workspace("cpu")
         ws.feed_blob("X", np.ones((1, 1, 6, 6), np.float32))
         ws.feed_blob("W", np.ones((2, 1, 3, 3), np.float32))
-        ws.run_operator_once(netrun.op("Conv", ["X", "W"], ["Y"], kernel=3))
-        loaded = [m for m in sys.modules if m == "cupy" or m.startswith("cupy.")
-                  or m.startswith("netrun.backends.gpu") or m.startswith("netrun.algos.gpu")]
-        print(loaded)
+        net = ws.create_net(netrun.NetDef("n", [netrun.op("Conv", ["X", "W"], ["Y"], kernel=3)]))
+        ws.run_net("n")
+        loaded = [m for m in sys.modules if m.split(".")[0] in ("cupy", "cudnn")
+                  or m.startswith("netrun.backends.gpu")]
+        algo = net.ops[0].ctx.state["algo"]
+        print(loaded, algo in algorithms("cpu"), algo in algorithms("gpu"))
     """)
-    assert out.strip() == "[]"
+    assert out.strip() == "[] True False"
 
 
 def test_the_gpu_kernel_package_itself_does_not_import_cupy():
     out = _run("""
         import sys
-        import netrun.backends.gpu_kernels, netrun.algos.gpu
-        netrun.algos.gpu.register()
-        print("cupy" in sys.modules)
+        import netrun.backends.cuda, netrun.ops.gpu, netrun.conv.gpu
+        from netrun.conv.algorithm import algorithms
+        print("cupy" in sys.modules, "cudnn" in sys.modules, len(algorithms("gpu")) > 0)
     """)
-    assert out.strip() == "False"
+    assert out.strip() == "False False True"   # registered on import, CuPy not loaded
 
 
 def test_gpu_without_cupy_is_a_clear_error():

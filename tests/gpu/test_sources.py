@@ -16,17 +16,17 @@ from tests.gpu.hostcuda import _cache_dir, compile_library
 
 @pytest.fixture(scope="module")
 def sources(emulated):
-    """name -> KernelSource, imported under the emulated backend (which restores the kernel
-    registry afterwards: importing the package registers the GPU kernels)."""
-    import netrun.backends.gpu_kernels as gpu_kernels
+    """name -> KernelSource of every CUDA source (each registers itself where it is written:
+    netrun.backends.cuda.source.all_sources), for the tests that compile them all."""
+    from netrun.backends.cuda.source import all_sources
 
-    return {s.name: s for s in gpu_kernels.SOURCES}
+    return {s.name: s for s in all_sources()}
 
 
 def test_sources_are_named_and_instanced(sources):
     SOURCES = sources
-    assert set(SOURCES) == {"bn", "conv_depthwise", "conv_im2col", "lrn", "optim", "pool",
-                            "random", "softmax_loss"}
+    assert set(SOURCES) == {"bn", "conv_depthwise", "conv_im2col", "hard_sigmoid", "lrn", "optim",
+                            "pool", "random", "softmax_loss"}
     for s in SOURCES.values():
         assert s.names and len(set(s.names)) == len(s.names)
         assert "--fmad=false" in s.options
@@ -71,9 +71,9 @@ def test_every_source_compiles_to_ptx_with_nvcc(sources):
 def test_every_source_compiles_with_cupy_on_a_real_gpu(cuda):
     import cupy
 
-    import netrun.backends.gpu_kernels as gpu_kernels
+    from netrun.backends.cuda.source import all_sources
 
-    for s in gpu_kernels.SOURCES:
+    for s in all_sources():
         module = cupy.RawModule(code=s.full_code, options=s.options, name_expressions=s.names)
         for name in s.names:
             assert module.get_function(name) is not None, (s.name, name)

@@ -63,7 +63,7 @@ def test_every_backend_class_is_counted():
 
 @pytest.mark.parametrize("model, batch", [("lenet", 4), ("cifar10_quick", 2), ("resnet20", 2)])
 def test_a_gpu_training_step_copies_only_its_feeds(gpu, model, batch):
-    from netrun.profile_setup import prepare
+    from netrun.profile.targets import prepare
 
     target = prepare(str(REPO / "zoo" / f"{model}.yaml"), batch, "gpu", forward_only=False)
     ws, net = target.net.ws, target.net

@@ -6,11 +6,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import netrun
-from netrun import jit
+from netrun.conv.algorithm import algorithms, applicable_algorithms
+from netrun.conv.problem import ConvProblem
+from netrun.conv.rules import rule_choice
 from netrun.core.operator import Operator
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import SchemaError, ShapeError
-from netrun.ops.conv_algos import ALGORITHMS, ConvProblem, applicable_algorithms, heuristic_choice
+from netrun.kernels import jit
 from tests.algos.reference import ref_conv
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
 
@@ -304,6 +306,11 @@ def test_conv_transpose_shape_inference():
 
 
 # Algorithm selection by the op (the algorithms themselves: tests/algos) -------------------
+def heuristic_choice(p: ConvProblem):
+    """The rules' pick among every applicable CPU algorithm."""
+    return rule_choice(p, applicable_algorithms(p))
+
+
 def test_heuristic_and_applicability():
     one = ConvProblem(2, 4, 5, 5, 8, 1, 1, 2, 2)
     three = ConvProblem(2, 4, 5, 5, 8, 3, 3, pt=1, pl=1, pb=1, pr=1)
@@ -338,16 +345,21 @@ def test_heuristic_and_applicability():
     # ... but not with 3 input channels, where the inverse transforms dominate (its conv1)
     assert heuristic_choice(ConvProblem(100, 3, 32, 32, 32, 5, 5, 1, 1, 2, 2, 2, 2)).name \
         == "im2col_gemm"
-    assert all(a.deterministic for a in ALGORITHMS.values())
+    assert all(a.deterministic for a in algorithms("cpu").values())
 
 
 def test_op_remembers_its_algorithm_per_shape(monkeypatch):
-    from netrun.algos import search
+    from netrun.ops import conv as conv_ops
 
-    calls = []
-    real = search.choose
-    monkeypatch.setattr(search, "choose", lambda ws, p, d, *a: calls.append((p, d))
-                        or real(ws, p, d, *a))
+    calls = []   # the op's own choices: those that may time on its buffers (a run is given)
+    real = conv_ops.choose
+
+    def spy(state, p, d, backend, fixed="", run=None):
+        if run is not None:
+            calls.append((p, d))
+        return real(state, p, d, backend, fixed, run)
+
+    monkeypatch.setattr(conv_ops, "choose", spy)
     ws = netrun.Workspace()
     rng = np.random.default_rng(0)
     ws.feed_blob("X", rng.standard_normal((2, 4, 5, 5)).astype(np.float32))
@@ -356,9 +368,12 @@ def test_op_remembers_its_algorithm_per_shape(monkeypatch):
     op.run()
     op.run()
     assert len(calls) == 1 and op.ctx.state["algo"] == "gemm_1x1"
+    plan = op.ctx.state["plan"]
+    assert plan.problem == calls[0][0] and plan.algos == {"forward": algorithms("cpu")["gemm_1x1"]}
     ws.feed_blob("X", rng.standard_normal((3, 4, 6, 5)).astype(np.float32))
     op.run()
     assert len(calls) == 2 and ws.fetch_blob("Y").shape == (3, 3, 6, 5)
+    assert calls[1] == (op.ctx.state["plan"].problem, "forward") and calls[1][0].n == 3
 
 
 def test_fixed_algorithm_is_used_and_agrees():

@@ -1,4 +1,4 @@
-"""Compiled pooling (netrun.jit.pool) against the NumPy path: the same bits for max pooling
+"""Compiled pooling (netrun.kernels.jit.pool) against the NumPy path: the same bits for max pooling
 (ties and NaN included), the same values within rounding for averages."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 pytest.importorskip("numba")
 
 import netrun  # noqa: E402
-from netrun import jit  # noqa: E402
 from netrun.core.operator import Operator  # noqa: E402
-from netrun.jit import pool as jit_pool  # noqa: E402
+from netrun.kernels import jit  # noqa: E402
+from netrun.kernels.jit import pool as jit_pool  # noqa: E402
 from tests.opcheck import netrun_forward_backward, run_op  # noqa: E402
 from tests.ops.test_pool import TYPES, pool_cases  # noqa: E402
 
@@ -73,7 +73,7 @@ def test_compiled_pooling_equals_numpy_path(case, values, nans):
                                        pads=[1, 0, 0, 2])])
 def test_many_planes_in_several_groups(kind, args):
     """More planes than one group holds, and a partial last group: no state leaks between
-    groups (netrun.jit.pool.GROUP_ELEMENTS)."""
+    groups (netrun.kernels.jit.pool.GROUP_ELEMENTS)."""
     x = _inputs((3, 150, 9, 11), "float32", "ints", 3, 0)
     op = netrun.op(TYPES[kind], ["X"], ["Y"], **args)
     _assert_same(kind, *_both_engines(op, x, 0))
