@@ -12,9 +12,7 @@ from netrun.core.registry import register_kernel
 from netrun.core.schema import register_schema
 from netrun.ops.common import same_as_input
 from tests.opcheck import check_gradient
-
-torch = pytest.importorskip("torch", reason="PyTorch autograd is the reference for whole nets")
-F = torch.nn.functional
+from tests.checks import F, requires_torch, torch
 
 
 def assert_close32(actual, expected, what=""):
@@ -45,6 +43,7 @@ def torch_grads(fn, feeds: dict, wanted):
 
 
 # A blob read by several ops, and by one op twice --------------------------------------------
+@requires_torch
 def test_shared_weights_and_a_blob_read_twice_match_torch():
     # Siamese FCs sharing W and b, an in-place Tanh on one branch, then Mul(d, d): W, b and d
     # each get two contributions that the builder must sum.
@@ -146,6 +145,7 @@ def test_repeated_input_gradient_updated_in_place_by_its_maker():
     check_gradient(op, {"X": x})
 
 
+@requires_torch
 def test_one_blob_through_two_inputs_in_a_net_matches_torch():
     # X feeds Mul(X, X), MatMul(X, X), FC(X, X, b) and Relu(X): four ops, three read it twice.
     rng = np.random.default_rng(2)
@@ -171,6 +171,7 @@ def test_one_blob_through_two_inputs_in_a_net_matches_torch():
 
 
 # In-place chains, as Caffe prototxts write them ----------------------------------------------
+@requires_torch
 def test_caffe_style_in_place_chain_matches_torch():
     # conv -> dropout, scale, relu (each in place) -> fc -> softmax loss. The gradients of
     # Dropout (the mask) and Scale (nothing) read no overwritten value; Relu's reads its output.
@@ -270,6 +271,7 @@ def torch_convnet(data, w1, b1, w2a, b2a, w2b, b2b, bn_s, bn_b, bn_rm, bn_rv, w_
     return F.cross_entropy(F.linear(q.flatten(1), wf, bf), label.long())
 
 
+@requires_torch
 def test_convnet_backward_matches_torch_autograd_float32():
     feeds = convnet_feeds(7, n=4, c=3, side=8, c1=6, c2=4, classes=5, dtype=np.float32)
     rm0, rv0 = feeds["bn_rm"].copy(), feeds["bn_rv"].copy()

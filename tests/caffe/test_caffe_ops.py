@@ -13,24 +13,32 @@ from netrun.core.schema import TensorSpec
 from netrun.core.shape_inference import infer_op
 from netrun.errors import SchemaError, ShapeError
 from tests.opcheck import check_gradient, run_op
+from tests.checks import checks_ops, requires_torch, torch
 
-torch = pytest.importorskip("torch")
 FAST = settings(max_examples=12, deadline=None)
+# One reference per run of a mixed test: without torch, its NumPy half still runs.
+FD_OR_TORCH = pytest.mark.parametrize(
+    "reference", ["finite_differences", pytest.param("torch", marks=requires_torch)])
 
 
 # Power --------------------------------------------------------------------------------------
+@checks_ops("Power", kind="finite_differences")
+@checks_ops("Power", kind="torch")
+@FD_OR_TORCH
 @FAST
 @given(power=st.sampled_from([0.0, 1.0, 2.0, 0.5, 3.0, -1.0]), scale=st.floats(0.5, 2.0),
        shift=st.floats(0.5, 2.0), seed=st.integers(0, 2**16))
-def test_power_matches_torch_and_finite_differences(power, scale, shift, seed):
+def test_power_matches_torch_and_finite_differences(reference, power, scale, shift, seed):
     rng = np.random.default_rng(seed)
     x = rng.uniform(0.1, 2.0, (3, 4))                 # shift + scale·x > 0: any power is real
     op = netrun.op("Power", ["X"], ["Y"], power=power, scale=scale, shift=shift)
+    if reference == "finite_differences":
+        check_gradient(op, {"X": x})
+        return
     (y,) = run_op(op, {"X": x.astype(np.float32)})
     want = (shift + scale * torch.tensor(x, dtype=torch.float32)) ** power
     np.testing.assert_allclose(y, want.numpy(), rtol=2e-5, atol=1e-6)
     assert y.dtype == np.float32
-    check_gradient(op, {"X": x})
 
 
 def test_power_constant_derivatives():
@@ -47,18 +55,23 @@ def test_power_constant_derivatives():
 
 
 # Max ----------------------------------------------------------------------------------------
+@checks_ops("Max", kind="finite_differences")
+@checks_ops("Max", kind="torch")
+@FD_OR_TORCH
 @FAST
 @given(n=st.integers(2, 4), seed=st.integers(0, 2**16))
-def test_max_matches_torch_and_finite_differences(n, seed):
+def test_max_matches_torch_and_finite_differences(reference, n, seed):
     rng = np.random.default_rng(seed)
     # distinct values at least 0.01 apart, so no tie is within the finite-difference step
     flat = rng.permutation(n * 12) * 0.01
     xs = {f"X{i}": flat[i * 12:(i + 1) * 12].reshape(3, 4) for i in range(n)}
     op = netrun.op("Max", list(xs), ["Y"])
+    if reference == "finite_differences":
+        check_gradient(op, xs)
+        return
     (y,) = run_op(op, {k: v.astype(np.float32) for k, v in xs.items()})
     want = torch.stack([torch.tensor(v, dtype=torch.float32) for v in xs.values()]).amax(0)
     np.testing.assert_array_equal(y, want.numpy())
-    check_gradient(op, xs)
 
 
 def _caffe_max_routing(xs: list[np.ndarray]) -> np.ndarray:
@@ -108,16 +121,21 @@ def _bn_inputs(rng, shape, dtype=np.float64):
 TRAIN_OUT = ["Y", "mean", "var", "factor", "saved_mean", "saved_inv_std"]
 
 
+@checks_ops("CaffeBatchNorm", kind="torch")
+@checks_ops("CaffeBatchNorm", kind="reference")
+@pytest.mark.parametrize("reference", ["caffe_update", pytest.param("torch", marks=requires_torch)])
 @FAST
 @given(shape=st.sampled_from([(4, 3), (2, 3, 2, 2), (3, 2, 5)]), seed=st.integers(0, 2**16))
-def test_caffe_batch_norm_training_matches_torch_and_caffe_update(shape, seed):
+def test_caffe_batch_norm_training_matches_torch_and_caffe_update(reference, shape, seed):
     inputs = _bn_inputs(np.random.default_rng(seed), shape, np.float32)
     op = netrun.op("CaffeBatchNorm", ["X", "mean", "var", "factor"], TRAIN_OUT, is_test=0,
                    moving_average_fraction=0.9, epsilon=1e-5)
     y, mean, var, factor, saved_mean, saved_inv_std = run_op(op, inputs)
-    x = torch.tensor(inputs["X"])
-    want = torch.nn.functional.batch_norm(x, None, None, training=True, eps=1e-5)
-    np.testing.assert_allclose(y, want.numpy(), rtol=1e-4, atol=2e-5)
+    if reference == "torch":
+        x = torch.tensor(inputs["X"])
+        want = torch.nn.functional.batch_norm(x, None, None, training=True, eps=1e-5)
+        np.testing.assert_allclose(y, want.numpy(), rtol=1e-4, atol=2e-5)
+        return
     axes = tuple(i for i in range(len(shape)) if i != 1)
     m = inputs["X"].size // shape[1]
     batch_mean = inputs["X"].astype(np.float64).mean(axis=axes)
@@ -141,6 +159,7 @@ def test_caffe_batch_norm_global_stats_divide_by_the_factor():
     np.testing.assert_allclose(y0, inputs["X"] / np.sqrt(1e-5), rtol=1e-12)
 
 
+@checks_ops("CaffeBatchNorm", kind="finite_differences")
 @FAST
 @given(shape=st.sampled_from([(4, 3), (2, 3, 2, 2)]), is_test=st.booleans(),
        seed=st.integers(0, 2**16))
@@ -168,6 +187,7 @@ def _contrastive_reference(a, b, y, margin, legacy):
     return np.where(y != 0, d2, apart).sum() / (2 * len(a))
 
 
+@checks_ops("ContrastiveLoss", kind="finite_differences")
 @FAST
 @given(legacy=st.booleans(), seed=st.integers(0, 2**16))
 def test_contrastive_loss_value_and_gradient(legacy, seed):
@@ -187,6 +207,8 @@ def test_contrastive_loss_value_and_gradient(legacy, seed):
     check_gradient(op, {"A": a, "B": b, "Y": y}, check=["A", "B"])
 
 
+@checks_ops("ContrastiveLoss", kind="torch")
+@requires_torch
 def test_contrastive_loss_matches_torch_float32():
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal((5, 4)).astype(
@@ -214,6 +236,7 @@ def _caffe_bilinear(shape):
     return w.reshape(shape)
 
 
+@checks_ops("BilinearFill", kind="reference")
 @pytest.mark.parametrize("shape", [(2, 1, 4, 4), (3, 2, 3, 3), (1, 1, 5, 5)])
 def test_bilinear_fill_matches_caffe(shape):
     (w,) = run_op(netrun.op("BilinearFill", [], ["W"], shape=list(shape)), {})
@@ -225,6 +248,7 @@ def test_bilinear_fill_needs_a_square_kernel():
         infer_op(netrun.op("BilinearFill", [], ["W"], shape=[2, 2, 3, 4], name="up"), [])
 
 
+@checks_ops("SparseGaussianFill", "PositiveUnitballFill", kind="reference")
 def test_sparse_gaussian_and_positive_unitball_fills():
     (w,) = run_op(netrun.op("SparseGaussianFill", [], ["W"], shape=[40, 500], std=2.0,
                             sparse=10), {})

@@ -4,21 +4,19 @@ loss, in test mode and in a training step (loss, gradients, statistics update)."
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import netrun
 from netrun.train.config import SolverConfig
 from netrun.train.solver import build_training
 from tests.caffe.helpers import init_workspace, net_from_text, random_params, run, shared_model
-
-torch = pytest.importorskip("torch")
-F = torch.nn.functional
+from tests.checks import F, requires_torch, torch
 
 
 def _t(a):
     return torch.tensor(np.asarray(a), dtype=torch.float32)
 
 
+@requires_torch
 def test_lenet_matches_torch():
     model = netrun.load_model(shared_model("lenet/lenet.prototxt"))
     params = random_params(model, seed=0, scale=0.1)
@@ -85,6 +83,7 @@ def _data(seed=3):
             np.array([0, 3, 1, 4], np.int32))
 
 
+@requires_torch
 def test_bn_scale_eltwise_net_in_test_mode_matches_torch(tmp_path):
     model = net_from_text(tmp_path, BN_NET)
     params = random_params(model, seed=2)
@@ -94,6 +93,7 @@ def test_bn_scale_eltwise_net_in_test_mode_matches_torch(tmp_path):
     np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
+@requires_torch
 def test_bn_scale_eltwise_net_training_step_matches_torch(tmp_path):
     model = net_from_text(tmp_path, BN_NET)
     nets = build_training(model, SolverConfig())
@@ -134,6 +134,7 @@ def test_bn_layers_in_place_are_renamed_where_the_gradient_needs_it(tmp_path):
     assert model.params[1].name == "bn1_mean" and not model.params[1].trainable
 
 
+@requires_torch
 def test_alexnet_style_relu_dropout_in_place_trains(tmp_path):
     net = """
     layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 6 dim: 8 } } }

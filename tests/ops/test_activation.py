@@ -10,6 +10,7 @@ import netrun
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import SchemaError, ShapeError
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
+from tests.checks import checks_ops
 
 SETTINGS = settings(max_examples=12, deadline=None)
 shapes = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
@@ -41,6 +42,7 @@ UNARY = {
 }
 
 
+@checks_ops(*UNARY, kind="finite_differences")
 @pytest.mark.parametrize("type_", sorted(UNARY))
 @SETTINGS
 @given(shape=shapes, seed=st.integers(0, 2**16))
@@ -80,6 +82,7 @@ TORCH = {
 }
 
 
+@checks_ops(*TORCH, kind="torch_gradient")
 @pytest.mark.parametrize("type_", sorted(TORCH))
 def test_unary_matches_torch_float32(type_, device):
     torch = pytest.importorskip("torch")
@@ -127,6 +130,7 @@ def test_sigmoid_softplus_are_stable_at_extremes():
     np.testing.assert_allclose(dx, y, rtol=1e-6)   # d softplus = sigmoid
 
 
+@checks_ops("PRelu", kind="finite_differences")
 @pytest.mark.parametrize("order,slope_shape", [("NCHW", (3,)), ("NCHW", (1,)),
                                                ("NHWC", (5,)), ("NHWC", (1,))])
 @settings(max_examples=10, deadline=None)
@@ -141,6 +145,7 @@ def test_prelu_gradient(order, slope_shape, n, seed):
     check_gradient(op, {"X": x, "s": slope})
 
 
+@checks_ops("PRelu", kind="torch_gradient")
 @pytest.mark.parametrize("channels", [4, 1])
 def test_prelu_matches_torch_float32(channels):
     torch = pytest.importorskip("torch")

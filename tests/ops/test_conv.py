@@ -15,6 +15,7 @@ from netrun.errors import SchemaError, ShapeError
 from netrun.kernels import jit
 from tests.algos.reference import ref_conv
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
+from tests.checks import checks_ops
 
 FEW = settings(max_examples=15, deadline=None)
 
@@ -62,6 +63,7 @@ def _geometry_args(args):
 
 
 # Conv -------------------------------------------------------------------------------------
+@checks_ops("Conv", kind="torch_gradient")
 @FEW
 @given(conv_cases(max_side=7, max_ch=3))
 def test_conv_forward_and_gradient_match_torch_float32(case):
@@ -82,6 +84,7 @@ def test_conv_forward_and_gradient_match_torch_float32(case):
         assert_close32(ours[name], ref, f"d{name}")
 
 
+@checks_ops("Conv", kind="finite_differences")
 @FEW
 @given(conv_cases(max_side=5))
 def test_conv_gradient_matches_finite_differences(case):
@@ -106,6 +109,7 @@ EDGE_CASES = {
 }
 
 
+@checks_ops("Conv", kind="finite_differences")
 @pytest.mark.parametrize("order", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("name", list(EDGE_CASES))
@@ -244,6 +248,7 @@ def conv_transpose_cases(draw, max_side=5):
     return args, shapes, draw(st.integers(0, 2**16))
 
 
+@checks_ops("ConvTranspose", kind="torch_gradient")
 @FEW
 @given(conv_transpose_cases())
 def test_conv_transpose_matches_torch_float32(case):
@@ -279,6 +284,7 @@ def test_conv_transpose_adj_is_torch_output_padding():
     assert_close32(y, ref.numpy())
 
 
+@checks_ops("ConvTranspose", kind="finite_differences")
 @FEW
 @given(conv_transpose_cases(max_side=4))
 def test_conv_transpose_gradient_matches_finite_differences(case):

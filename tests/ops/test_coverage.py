@@ -1,12 +1,13 @@
 """Audit of the operator library (issue 3): every op registered, with a gradient or a reason,
 checked both ways (float64 finite differences and float32 PyTorch) or with a written reason.
 
-The tables name the tests that check each op as "module::function" under tests/. The audit
-imports those modules and verifies that each function exists, that it mentions the op (in
-its source, its parametrization, or a module-level table or helper it uses) and that it
-really is the kind of test it is listed as (check_gradient / torch). An op added without a
-line here fails the audit with the table to extend. Gaps found by the audit are filled by the
-`test_gap_*` tests at the end of this file.
+The tables name the tests that check each op as "module::function" under tests/. Each test
+records what it checks with `@checks_ops(*types, kind=...)` (tests/checks.py); the audit
+imports the listed modules and verifies that each function exists and records a check of the
+op of the kind it is listed as (finite differences, PyTorch with or without the gradient,
+another reference), and that a test parametrized over op types runs that op. An op added
+without a line here fails the audit with the table to extend. Gaps found by the audit are
+filled by the `test_gap_*` tests at the end of this file.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import functools
 import importlib
 import inspect
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -26,9 +26,9 @@ from netrun.core.gradient import gradient_ops, has_gradient
 from netrun.core.registry import find_kernel
 from netrun.core.schema import get_schema
 from netrun.errors import SchemaError
-from netrun.ops import FAMILY_OF
 from netrun.tools.ops_table import COMMAND, forward_of, netrun_schemas, op_rows, render, sample_def
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
+from tests.checks import CHECKED, check_id, checks_ops
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -212,36 +212,23 @@ def _forward_ops() -> list[str]:
     return [t for t in schemas if forward_of(t, schemas) is None]
 
 
-def _texts(fn) -> list[str]:
-    """The test's source, its parametrization, and the module globals (tables, helpers) it names.
-
-    A test parametrized over op types ("type_") covers exactly the types in its parameters,
-    whatever the tables it reads from hold.
-    """
-    texts = [inspect.getsource(fn)]
-    marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
-    by_type = [m for m in marks if any(n.strip().startswith("type")
-                                       for n in str(m.args[0]).split(","))]
-    if by_type:
-        return texts + [repr(m.args[1]) for m in by_type]
-    texts += [repr(m.args) for m in marks]
-    inner = getattr(getattr(fn, "hypothesis", None), "inner_test", None) or inspect.unwrap(fn)
-    code = getattr(inner, "__code__", None)
-    module = inspect.getmodule(fn)
-    names: set[str] = set()
-    stack = [code] if code else []
-    while stack:
-        c = stack.pop()
-        names.update(c.co_names)
-        stack.extend(k for k in c.co_consts if inspect.iscode(k))
-    for name in sorted(names):
-        value = getattr(module, name, None)
-        if inspect.isfunction(value) and value.__module__ == module.__name__:
-            texts.append(inspect.getsource(value))
-        elif value is not None and not (inspect.ismodule(value) or inspect.isclass(value)
-                                        or callable(value)):
-            texts.append(repr(value))       # a table of cases, an OperatorDef, ...
-    return texts
+def _parametrized_types(fn) -> set[str] | None:
+    """The op types a test is parametrized over (an argument named type or type_), if any."""
+    types = None
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name != "parametrize":
+            continue
+        names = mark.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        at = [i for i, n in enumerate(names) if n.startswith("type")]
+        if not at:
+            continue
+        types = types or set()
+        for case in mark.args[1]:
+            if hasattr(case, "marks") and hasattr(case, "values"):   # pytest.param(...)
+                case = case.values
+            types.add((case if len(names) > 1 else (case,))[at[0]])
+    return types
 
 
 @functools.lru_cache(maxsize=None)
@@ -258,28 +245,36 @@ def _test_module(module: str):
     return importlib.import_module(f"tests.{module}")
 
 
-def _ref_texts(ref: str) -> list[str] | None:
-    """_texts of the test named "module::function", or None when there is no such test."""
+def _listed_test(ref: str):
+    """The test function named "module::function", or None when there is no such test."""
     module, name = ref.split("::")
     fn = getattr(_test_module(module), name, None)
-    return _texts(fn) if callable(fn) else None
+    return fn if callable(fn) else None
 
 
-def _ref_problems(op: str, refs: list[str], kind: str, needle: str | None) -> list[str]:
+def _records(ref: str) -> dict[str, frozenset[str]]:
+    """What the listed test records that it checks (kind -> op types); empty if it records none."""
+    fn = _listed_test(ref)
+    return CHECKED.get(check_id(fn), {}) if fn is not None else {}
+
+
+def _ref_problems(op: str, refs: list[str], what: str, kinds: tuple[str, ...]) -> list[str]:
     """What is wrong with the tests listed for `op` (nothing when they exist and fit)."""
     if not refs:
-        return [f"{op}: an empty list of {kind} tests"]
+        return [f"{op}: an empty list of {what} tests"]
     problems = []
-    quoted = re.compile(rf"""["']{op}["']""")
     for ref in refs:
-        texts = _ref_texts(ref)
-        if texts is None:
+        fn = _listed_test(ref)
+        if fn is None:
             problems.append(f"{op}: {ref} does not exist")
             continue
-        if not any(quoted.search(t) for t in texts):
-            problems.append(f"{op}: {ref} does not mention '{op}'")
-        if needle is not None and not any(needle in t for t in texts):
-            problems.append(f"{op}: {ref} is listed as a {kind} test but never uses {needle}")
+        records = _records(ref)
+        if not any(op in records.get(kind, ()) for kind in kinds):
+            problems.append(f"{op}: {ref} is listed as a {what} test but records no such check "
+                            f"of {op} (@checks_ops('{op}', kind='{kinds[0]}') where it does one)")
+        types = _parametrized_types(fn)
+        if types is not None and op not in types:
+            problems.append(f"{op}: {ref} is parametrized over op types without '{op}'")
     return problems
 
 
@@ -319,7 +314,7 @@ def test_every_differentiable_op_is_checked_against_finite_differences():
             problems.append(f"{t}: add its finite-difference test to FINITE_DIFFERENCES")
         else:
             problems += _ref_problems(t, FINITE_DIFFERENCES[t], "finite-difference",
-                                      "check_gradient")
+                                      ("finite_differences",))
     _report(problems)
 
 
@@ -330,17 +325,16 @@ def test_every_op_is_compared_with_torch_or_has_a_written_reason():
             problems.append(f"{t}: list its PyTorch test in TORCH, or why there is none in "
                             f"NO_TORCH (one of the two)")
         elif t in TORCH:
-            problems += _ref_problems(t, TORCH[t], "PyTorch", "torch")
-            # Differentiable ops compare their gradient too (torch_forward_backward, .backward).
-            texts = [x for ref in TORCH[t] for x in _ref_texts(ref) or []]
-            if not get_schema(t).no_gradient and not any("backward" in x for x in texts):
+            problems += _ref_problems(t, TORCH[t], "PyTorch", ("torch", "torch_gradient"))
+            if not get_schema(t).no_gradient and not any(
+                    t in _records(ref).get("torch_gradient", ()) for ref in TORCH[t]):
                 problems.append(f"{t}: its PyTorch tests compare only the forward; compare "
-                                f"the gradient too")
+                                f"the gradient too (kind='torch_gradient')")
         else:
             reason, refs = NO_TORCH[t]
             if len(reason) < 20:
                 problems.append(f"{t}: write a real reason in NO_TORCH")
-            problems += _ref_problems(t, refs, "reference", None)
+            problems += _ref_problems(t, refs, "reference", ("reference",))
     _report(problems)
 
 
@@ -353,15 +347,45 @@ def test_tables_name_only_registered_forward_ops():
              for t in sorted(set(table) - forward)])
 
 
+def test_checks_ops_records_name_only_registered_forward_ops():
+    # A misspelt type in a decorator would otherwise be a check of nothing that nobody reads.
+    refs = [r for table in (FINITE_DIFFERENCES, TORCH) for rs in table.values() for r in rs]
+    refs += [r for _, rs in NO_TORCH.values() for r in rs]
+    for ref in refs:
+        _listed_test(ref)   # imports the module, which records its checks
+    forward = set(_forward_ops())
+    _report([f"{test} records a {kind} check of {t}, which is not a registered forward op"
+             for test, kinds in sorted(CHECKED.items()) for kind, types in sorted(kinds.items())
+             for t in sorted(types - forward)])
+
+
+def _family_names_the_kernel_module(family: str, kernel) -> bool:
+    """The family is the kernel's module, or its package (netrun.ops.caffe_ops.fillers).
+
+    A kernel built by a shared factory (activation.pointwise_op, which unary.py calls) lives in
+    the factory's module; the op's own code is then what the kernel closes over (its forward).
+    """
+    modules = {kernel.__module__}
+    for cell in kernel.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:      # a cell not filled yet
+            continue
+        if inspect.isfunction(value):
+            modules.add(value.__module__)
+    return any(family in m.split(".")[1:] for m in modules)
+
+
 def test_every_op_has_kernels_shape_inference_and_a_family_module():
     problems = []
     for t, schema in _schemas().items():
-        if find_kernel(t, "cpu") is None:
+        kernel = find_kernel(t, "cpu")
+        if kernel is None:
             problems.append(f"{t} has no CPU kernel")
         # Registration next to the implementation: the family names the module of the op.
-        if schema.family != FAMILY_OF[t]:
-            problems.append(f"{t}: family '{schema.family}' but it is registered in "
-                            f"netrun/ops/{FAMILY_OF[t]}.py")
+        elif not _family_names_the_kernel_module(schema.family, kernel):
+            problems.append(f"{t}: family '{schema.family}' but its CPU kernel is "
+                            f"{kernel.__module__}.{kernel.__qualname__}")
         if schema.shape_fn is None and t not in NO_SHAPE_INFERENCE:
             problems.append(f"{t} has no shape inference")
     _report(problems)
@@ -467,6 +491,7 @@ def _nudge(x: np.ndarray, gap: float = 0.05) -> np.ndarray:
     return np.where(np.abs(x) < gap, np.where(x >= 0, gap, -gap), x).astype(x.dtype)
 
 
+@checks_ops("Relu", kind="torch_gradient")
 def test_gap_relu_matches_torch_float32(device):
     torch = pytest.importorskip("torch")
     x = _nudge(np.random.default_rng(0).standard_normal((4, 3, 5)).astype(np.float32))
@@ -500,6 +525,7 @@ def _gap_cases(torch):
     }
 
 
+@checks_ops("Sum", "Slice", "Split", "Flatten", "ResizeLike", "Copy", kind="torch_gradient")
 @pytest.mark.parametrize("name", ["Sum", "Slice", "Split", "Flatten", "ResizeLike", "Copy"])
 def test_gap_matches_torch_float32(name, device):
     torch = pytest.importorskip("torch")
@@ -516,6 +542,7 @@ def test_gap_matches_torch_float32(name, device):
         np.testing.assert_allclose(grads[blob], tg, rtol=1e-6, atol=1e-7)
 
 
+@checks_ops("StopGradient", kind="torch_gradient")
 def test_gap_stop_gradient_matches_torch_detach():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(2)
@@ -535,6 +562,7 @@ def test_gap_stop_gradient_matches_torch_detach():
     np.testing.assert_allclose(ws.fetch_blob(grads["W"]), wt.grad.numpy(), rtol=1e-6)
 
 
+@checks_ops("ResizeLike", kind="finite_differences")
 def test_gap_resize_like_gradient():
     rng = np.random.default_rng(3)
     inputs = {"X": rng.standard_normal((2, 6)), "L": np.zeros((3, 2, 2))}
@@ -543,6 +571,7 @@ def test_gap_resize_like_gradient():
     check_gradient(op, inputs)
 
 
+@checks_ops("Save", "Load", kind="reference")
 def test_gap_save_load_round_trip(tmp_path):
     rng = np.random.default_rng(4)
     blobs = {"w": rng.standard_normal((3, 2)).astype(np.float32), "it": np.array(7, np.int64)}
@@ -593,6 +622,7 @@ def _caffe_cases():
     }
 
 
+@checks_ops("Power", "Max", "CaffeBatchNorm", "ContrastiveLoss", kind="torch_gradient")
 @pytest.mark.parametrize("name", ["Power", "Max", "CaffeBatchNorm", "ContrastiveLoss"])
 def test_gap_caffe_ops_match_torch_float32(name):
     # The Caffe ops' own tests compare the forward with torch; this compares the gradients.

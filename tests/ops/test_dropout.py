@@ -10,10 +10,12 @@ from netrun.core.schema import TensorSpec
 from netrun.core.shape_inference import infer_op
 from netrun.errors import SchemaError
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op
+from tests.checks import checks_ops
 
 DROP = netrun.op("Dropout", ["X"], ["Y", "mask"], ratio=0.3)
 
 
+@checks_ops("Dropout", kind="reference")
 @pytest.mark.parametrize("ratio", [0.0, 0.2, 0.5, 0.9])
 def test_dropout_statistics_and_scaling(device, ratio):
     x = np.random.default_rng(0).uniform(1.0, 2.0, (200, 500)).astype(np.float32)
@@ -44,6 +46,7 @@ def test_dropout_is_reproducible_from_the_seed_and_advances():
     assert np.mean(ws.fetch_blob("mask") != first) > 0.2
 
 
+@checks_ops("Dropout", kind="finite_differences")
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**16), ratio=st.sampled_from([0.0, 0.25, 0.6]))
 def test_dropout_gradient_with_fixed_mask(seed, ratio):
@@ -53,6 +56,7 @@ def test_dropout_gradient_with_fixed_mask(seed, ratio):
     check_gradient(op, {"X": x}, seed=seed)
 
 
+@checks_ops("Dropout", kind="reference")
 def test_dropout_gradient_uses_the_mask(device):
     x = np.random.default_rng(1).standard_normal((30, 30)).astype(np.float32)
     dy = np.random.default_rng(2).standard_normal(x.shape).astype(np.float32)

@@ -10,6 +10,7 @@ import netrun
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import SchemaError, ShapeError
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
+from tests.checks import checks_ops
 
 BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
 SETTINGS = settings(max_examples=15, deadline=None)
@@ -46,6 +47,7 @@ def _inputs(type_, a_shape, b_shape, seed):
     return a, b
 
 
+@checks_ops(*BINARY, kind="finite_differences")
 @pytest.mark.parametrize("type_", sorted(BINARY))
 @SETTINGS
 @given(shapes=broadcast_pair(), seed=st.integers(0, 2**16))
@@ -57,6 +59,7 @@ def test_numpy_broadcasting_gradient(type_, shapes, seed):
     check_gradient(op, {"A": a, "B": b})
 
 
+@checks_ops(*BINARY, kind="finite_differences")
 @pytest.mark.parametrize("type_", sorted(BINARY))
 @SETTINGS
 @given(case=legacy_pair(), seed=st.integers(0, 2**16))
@@ -85,6 +88,7 @@ TORCH = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, 
          "Div": lambda a, b: a / b}
 
 
+@checks_ops(*BINARY, kind="torch_gradient")
 @pytest.mark.parametrize("type_", sorted(BINARY))
 @pytest.mark.parametrize("a_shape,b_shape", [((4, 3, 5), (4, 3, 5)), ((4, 3, 5), (3, 1)),
                                              ((1, 5), (4, 3, 1)), ((6,), ())])
@@ -153,6 +157,7 @@ def test_integer_inputs_keep_integer_dtype():
     assert q.dtype == np.int32 and q.tolist() == [3, -4, 3]   # floor division
 
 
+@checks_ops("Sum", kind="finite_differences")
 @SETTINGS
 @given(n=st.integers(1, 4), shape=st.lists(st.integers(1, 3), max_size=3).map(tuple),
        seed=st.integers(0, 2**16))

@@ -11,6 +11,7 @@ import netrun
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import SchemaError, ShapeError
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
+from tests.checks import checks_ops
 
 SETTINGS = settings(max_examples=15, deadline=None)
 
@@ -32,6 +33,7 @@ def _reference_fc(x, w, b, axis):
     return (x.reshape(m, -1) @ w.reshape(w.shape[0], -1).T + b).reshape(x.shape[:axis] + (-1,))
 
 
+@checks_ops("FC", kind="finite_differences")
 @SETTINGS
 @given(case=fc_case(), seed=st.integers(0, 2**16))
 def test_fc_gradient(case, seed):
@@ -45,6 +47,7 @@ def test_fc_gradient(case, seed):
     check_gradient(op, {"X": x, "W": w, "b": b})
 
 
+@checks_ops("FC", kind="torch_gradient")
 @pytest.mark.parametrize("batch", [1, 16])
 def test_fc_matches_torch_linear_float32(batch, device):
     torch = pytest.importorskip("torch")
@@ -80,6 +83,7 @@ def test_fc_gradient_skips_dx_when_nobody_needs_it():
     assert full[0].outputs == ("W_grad", "b_grad", "X_grad")
 
 
+@checks_ops("MatMul", kind="finite_differences")
 @pytest.mark.parametrize("ta", [0, 1])
 @pytest.mark.parametrize("tb", [0, 1])
 @settings(max_examples=8, deadline=None)
@@ -94,6 +98,7 @@ def test_matmul_gradient(ta, tb, m, k, n, seed):
     check_gradient(op, {"A": a, "B": b})
 
 
+@checks_ops("MatMul", kind="torch_gradient")
 @pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
 def test_matmul_matches_torch_float32(ta, tb):
     torch = pytest.importorskip("torch")
@@ -125,6 +130,7 @@ def bmm_case(draw):
     return tuple(la) + ((k, m) if ta else (m, k)), tuple(lb) + ((n, k) if tb else (k, n)), ta, tb
 
 
+@checks_ops("BatchMatMul", kind="finite_differences")
 @SETTINGS
 @given(case=bmm_case(), seed=st.integers(0, 2**16))
 def test_batch_matmul_broadcast_gradient(case, seed):
@@ -138,6 +144,7 @@ def test_batch_matmul_broadcast_gradient(case, seed):
     check_gradient(op, {"A": a, "B": b})
 
 
+@checks_ops("BatchMatMul", kind="torch_gradient")
 @pytest.mark.parametrize("a_shape,b_shape", [((4, 3, 5), (4, 5, 2)), ((2, 1, 3, 5), (4, 5, 2))])
 def test_batch_matmul_matches_torch_float32(a_shape, b_shape):
     torch = pytest.importorskip("torch")

@@ -12,6 +12,7 @@ from netrun.core.shape_inference import infer_op
 from netrun.errors import SchemaError, ShapeError
 from netrun.ops.fill import fan, fans
 from tests.opcheck import run_op
+from tests.checks import checks_ops
 
 CONV = [64, 32, 3, 3]   # K×C×kh×kw: fan_in 288, fan_out 576
 FC = [500, 800]         # N_out×K: fan_in 800, fan_out 500
@@ -32,6 +33,7 @@ def test_fans_follow_caffe(shape, fan_in, fan_out):
 
 
 # Random fillers: statistics ------------------------------------------------------------------
+@checks_ops("XavierFill", kind="reference")
 @pytest.mark.parametrize("norm, n", [("FAN_IN", 288), ("FAN_OUT", 576), ("AVERAGE", 432)])
 def test_xavier_fill(device, norm, n):
     w = fill("XavierFill", device=device, shape=CONV, variance_norm=norm)
@@ -43,6 +45,7 @@ def test_xavier_fill(device, norm, n):
     assert abs(w.std() * math.sqrt(n) - 1) < 0.03 and abs(w.mean()) < 0.03 * limit
 
 
+@checks_ops("MSRAFill", kind="reference")
 @pytest.mark.parametrize("norm, n", [("FAN_IN", 800), ("FAN_OUT", 500)])
 def test_msra_fill(device, norm, n):
     w = fill("MSRAFill", device=device, shape=FC, variance_norm=norm)
@@ -51,6 +54,7 @@ def test_msra_fill(device, norm, n):
     assert abs(w.std() / std - 1) < 0.01 and abs(w.mean()) < 0.01 * std
 
 
+@checks_ops("GaussianFill", "UniformFill", kind="reference")
 def test_gaussian_and_uniform_fill(device):
     g = fill("GaussianFill", device=device, shape=[400, 500], mean=2.0, std=0.5)
     assert abs(g.mean() - 2.0) < 0.005 and abs(g.std() - 0.5) < 0.005
@@ -77,6 +81,7 @@ def test_random_filler_takes_the_input_shape_but_not_its_dtype():
 
 
 # ConstantFill, GivenTensorFill -----------------------------------------------------------------
+@checks_ops("ConstantFill", kind="reference")
 def test_constant_fill_shape_and_dtype_rules(device):
     y = fill("ConstantFill", device=device, shape=[2, 3], value=1.5)
     assert y.dtype == np.float32 and y.shape == (2, 3) and np.all(y == 1.5)
@@ -107,6 +112,7 @@ def test_constant_fill_seeds_a_scalar_loss_gradient():
     np.testing.assert_array_equal(ws.fetch_blob(grads["X"]), np.full((2, 4), 0.125, np.float32))
 
 
+@checks_ops("GivenTensorFill", kind="reference")
 def test_given_tensor_fill():
     y = fill("GivenTensorFill", values=[1, 2, 3, 4, 5, 6], shape=[2, 3])
     np.testing.assert_array_equal(y, np.arange(1, 7, dtype=np.float32).reshape(2, 3))

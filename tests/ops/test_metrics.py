@@ -10,6 +10,7 @@ from netrun.core.schema import TensorSpec
 from netrun.core.shape_inference import infer_op
 from netrun.errors import SchemaError, ShapeError
 from tests.opcheck import run_op
+from tests.checks import checks_ops
 
 
 def reference_accuracy(x: np.ndarray, labels: np.ndarray, k: int, ignore: int = -1) -> float:
@@ -24,6 +25,7 @@ def reference_accuracy(x: np.ndarray, labels: np.ndarray, k: int, ignore: int = 
 
 
 # `device` is a plain string per parameter, safe to share across hypothesis examples.
+@checks_ops("Accuracy", kind="reference")
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 12), d=st.integers(1, 8), k=st.integers(1, 8),

@@ -10,9 +10,7 @@ from netrun.core.schema import TensorSpec
 from netrun.core.shape_inference import infer_op
 from netrun.errors import SchemaError, ShapeError
 from tests.opcheck import check_gradient, run_op
-
-torch = pytest.importorskip("torch")
-F = torch.nn.functional
+from tests.checks import F, checks_ops, requires_torch, skip_unless_torch, torch
 
 FAST = settings(max_examples=10, deadline=None)
 BN_IN = ["X", "scale", "bias", "rm", "rv"]
@@ -33,6 +31,7 @@ def _to_nchw(x, order):
 
 
 # SpatialBN: finite differences --------------------------------------------------------------
+@checks_ops("SpatialBN", kind="finite_differences")
 @FAST
 @given(order=st.sampled_from(["NCHW", "NHWC"]), seed=st.integers(0, 2**16),
        shape=st.sampled_from([(3, 2), (2, 3, 2, 2), (2, 2, 3)]), is_test=st.booleans())
@@ -44,6 +43,7 @@ def test_spatial_bn_gradient(order, seed, shape, is_test):
 
 
 # SpatialBN: PyTorch ---------------------------------------------------------------------------
+@checks_ops("SpatialBN", kind="torch_gradient")
 @pytest.mark.parametrize("order", ["NCHW", "NHWC"])
 def test_spatial_bn_training_matches_torch(device, order):
     rng = np.random.default_rng(1)
@@ -59,6 +59,12 @@ def test_spatial_bn_training_matches_torch(device, order):
     ws.feed_blob("Y_grad", dy)
     for g in grad_ops:
         ws.run_operator_once(g)
+    tol = {"rtol": 1e-4, "atol": 1e-5}
+    axes = tuple(i for i in range(4) if i != (1 if order == "NCHW" else 3))
+    np.testing.assert_allclose(ws.fetch_blob("saved_mean"), inp["X"].mean(axes), **tol)
+    np.testing.assert_allclose(ws.fetch_blob("saved_inv_std"),
+                               1 / np.sqrt(inp["X"].var(axes) + 1e-5), **tol)
+    skip_unless_torch()
 
     x = torch.tensor(_to_nchw(inp["X"], order), requires_grad=True)
     w = torch.tensor(inp["scale"], requires_grad=True)
@@ -68,14 +74,9 @@ def test_spatial_bn_training_matches_torch(device, order):
     y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1, eps=1e-5)
     y.backward(torch.tensor(_to_nchw(dy, order)))
 
-    tol = {"rtol": 1e-4, "atol": 1e-5}
     np.testing.assert_allclose(_to_nchw(ws.fetch_blob("Y"), order), y.detach().numpy(), **tol)
     np.testing.assert_allclose(ws.fetch_blob("rm"), rm.numpy(), **tol)   # updated in place
     np.testing.assert_allclose(ws.fetch_blob("rv"), rv.numpy(), **tol)   # unbiased variance
-    axes = tuple(i for i in range(4) if i != (1 if order == "NCHW" else 3))
-    np.testing.assert_allclose(ws.fetch_blob("saved_mean"), inp["X"].mean(axes), **tol)
-    np.testing.assert_allclose(ws.fetch_blob("saved_inv_std"),
-                               1 / np.sqrt(inp["X"].var(axes) + 1e-5), **tol)
     np.testing.assert_allclose(_to_nchw(ws.fetch_blob(grad_of["X"]), order), x.grad.numpy(),
                                rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ws.fetch_blob(grad_of["scale"]), w.grad.numpy(), rtol=1e-4,
@@ -85,6 +86,8 @@ def test_spatial_bn_training_matches_torch(device, order):
     assert grad_of["rm"] is None and grad_of["rv"] is None
 
 
+@checks_ops("SpatialBN", kind="torch")
+@requires_torch
 @pytest.mark.parametrize("order", ["NCHW", "NHWC"])
 def test_spatial_bn_eval_matches_torch(device, order):
     shape = (2, 3, 4, 4) if order == "NCHW" else (2, 4, 4, 3)
@@ -159,6 +162,7 @@ def lrn_reference(x: np.ndarray, size: int, alpha: float, beta: float, k: float,
     return y
 
 
+@checks_ops("LRN", kind="finite_differences")
 @FAST
 @given(size=st.sampled_from([1, 3, 5]), within=st.booleans(), two_outputs=st.booleans(),
        seed=st.integers(0, 2**16))
@@ -179,6 +183,8 @@ def test_lrn_matches_caffe_formula(within):
     np.testing.assert_allclose(y, lrn_reference(x, 3, 0.3, 0.6, 1.5, within), rtol=1e-12)
 
 
+@checks_ops("LRN", kind="torch_gradient")
+@requires_torch
 def test_lrn_matches_torch(device):
     # torch's local_response_norm also divides alpha by size (an average over the window).
     rng = np.random.default_rng(6)

@@ -10,8 +10,7 @@ from netrun.core.schema import TensorSpec
 from netrun.errors import SchemaError, ShapeError
 from netrun.ops.lr_policy import lr_at
 from tests.opcheck import run_op
-
-torch = pytest.importorskip("torch")
+from tests.checks import checks_ops, requires_torch, torch
 
 STEPS = 6
 SHAPE = (3, 5)
@@ -70,6 +69,7 @@ def _close(a, b, rtol=2e-5, atol=2e-6, msg=""):
 
 
 # Iter and LearningRate ------------------------------------------------------------------
+@checks_ops("Iter", kind="reference")
 def test_iter_increments_in_place(device):
     ws = netrun.Workspace(device)
     ws.feed_blob("iter", np.array([41], dtype=np.int64))
@@ -81,6 +81,7 @@ def test_iter_increments_in_place(device):
     assert ws.get_blob("iter") is before
 
 
+@checks_ops("LearningRate", kind="reference")
 @pytest.mark.parametrize("lr", [
     dict(policy="fixed"),
     dict(policy="step", gamma=0.5, stepsize=3),
@@ -134,6 +135,8 @@ def test_weighted_sum_out_of_place_leaves_x0(device):
     _close(ws.fetch_blob("Y"), 2 * x0 - x1, rtol=1e-6)
 
 
+@checks_ops("WeightedSum", kind="torch")
+@requires_torch
 def test_plain_sgd_and_weight_decay_match_torch(device):
     """SGD: grad += decay*param (WeightedSum in place on grad), param += lr*grad."""
     p0, grads = _param(), _grads(1)
@@ -157,6 +160,8 @@ def test_plain_sgd_and_weight_decay_match_torch(device):
 
 
 # MomentumSGDUpdate ----------------------------------------------------------------------
+@checks_ops("MomentumSGDUpdate", kind="torch")
+@requires_torch
 @pytest.mark.parametrize("nesterov", [0, 1])
 def test_momentum_sgd_matches_torch_with_constant_lr(device, nesterov):
     p0, grads = _param(), _grads(2)
@@ -214,6 +219,8 @@ def test_momentum_sgd_output_grad_is_the_step(device):
 
 
 # Adam -----------------------------------------------------------------------------------
+@checks_ops("Adam", kind="torch")
+@requires_torch
 def test_adam_matches_torch(device):
     p0, grads = _param(), _grads(5)
     update = netrun.op("Adam", ["param", "m1", "m2", "grad", "lr", "iter"],
@@ -250,6 +257,8 @@ def test_adam_follows_caffe2_formula(beta1, beta2, eps, start, seed):
 
 
 # Adagrad --------------------------------------------------------------------------------
+@checks_ops("Adagrad", kind="torch")
+@requires_torch
 def test_adagrad_matches_torch(device):
     p0, grads = _param(), _grads(6)
     update = netrun.op("Adagrad", ["param", "hist", "grad", "lr"], ["param", "hist"],
@@ -274,6 +283,8 @@ def test_adagrad_decay_follows_caffe2_formula(device):
 
 
 # RmsProp --------------------------------------------------------------------------------
+@checks_ops("RmsProp", kind="torch")
+@requires_torch
 @pytest.mark.parametrize("momentum", [0.0, 0.5])
 @pytest.mark.parametrize("fused", [False, True])
 def test_rmsprop_matches_torch(device, momentum, fused):
@@ -324,6 +335,8 @@ def test_rmsprop_eps_goes_inside_the_root(device):
 
 
 # ClipGradientsByNorm --------------------------------------------------------------------
+@checks_ops("ClipGradientsByNorm", kind="torch")
+@requires_torch
 @pytest.mark.parametrize("max_norm", [0.5, 1e3])
 def test_clip_gradients_matches_torch(device, max_norm):
     rng = np.random.default_rng(11)

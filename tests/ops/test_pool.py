@@ -18,6 +18,7 @@ from netrun.kernels import jit
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import SchemaError, ShapeError
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
+from tests.checks import checks_ops
 
 FEW = settings(max_examples=20, deadline=None)
 TYPES = {"max": "MaxPool", "avg": "AveragePool"}
@@ -142,6 +143,7 @@ def test_pool_matches_caffe_reference(engine, case, order):
     np.testing.assert_allclose(dx, grad(dy.astype(np.float64)), **_tol(engine))
 
 
+@checks_ops("MaxPool", "AveragePool", kind="torch_gradient")
 @FEW
 @given(pool_cases(max_side=8))
 def test_pool_matches_torch_float32(case):
@@ -169,6 +171,7 @@ def test_pool_matches_torch_float32(case):
     np.testing.assert_allclose(ours["X"], grads[0], rtol=1e-5, atol=1e-5)
 
 
+@checks_ops("MaxPool", "AveragePool", kind="finite_differences")
 @FEW
 @given(pool_cases(max_side=5))
 def test_pool_gradient_matches_finite_differences(case):
@@ -188,6 +191,7 @@ EDGE_CASES = {
 }
 
 
+@checks_ops("MaxPool", "AveragePool", kind="finite_differences")
 @pytest.mark.parametrize("order", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("kind", ["max", "avg"])
 @pytest.mark.parametrize("name", list(EDGE_CASES))

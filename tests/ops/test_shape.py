@@ -10,6 +10,7 @@ import netrun
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import GradientError, SchemaError, ShapeError
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
+from tests.checks import checks_ops
 
 SETTINGS = settings(max_examples=15, deadline=None)
 shapes = st.lists(st.integers(1, 3), min_size=1, max_size=4).map(tuple)
@@ -27,6 +28,7 @@ def _randn(seed, *shape_list):
 
 
 # Concat / Split -------------------------------------------------------------------------
+@checks_ops("Concat", kind="finite_differences")
 @SETTINGS
 @given(shape=shapes, data=st.data(), n=st.integers(1, 3), add_axis=st.booleans(),
        seed=st.integers(0, 2**16))
@@ -46,6 +48,7 @@ def test_concat_forward_gradient_and_inference(shape, data, n, add_axis, seed):
     check_gradient(op, dict(zip(names, xs)))
 
 
+@checks_ops("Split", kind="finite_differences")
 @SETTINGS
 @given(shape=shapes, data=st.data(), seed=st.integers(0, 2**16))
 def test_split_sizes_equal_parts_and_gradient(shape, data, seed):
@@ -76,6 +79,8 @@ def test_split_add_axis_is_inverse_of_stacking():
     check_gradient(op, {"X": x})
 
 
+@checks_ops("Concat", kind="torch_gradient")
+@checks_ops("Split", kind="torch")
 def test_concat_and_split_match_torch_float32():
     torch = pytest.importorskip("torch")
     a, b = (x.astype(np.float32) for x in _randn(1, (2, 3, 4), (2, 5, 4)))
@@ -134,6 +139,7 @@ def test_split_uneven_sizes_fail_in_inference():
 
 
 # Slice ----------------------------------------------------------------------------------
+@checks_ops("Slice", kind="finite_differences")
 @SETTINGS
 @given(shape=shapes, data=st.data(), seed=st.integers(0, 2**16))
 def test_slice_caffe2_negative_ends_and_gradient(shape, data, seed):
@@ -162,17 +168,20 @@ def test_slice_errors():
 
 
 # Flatten / Reshape ----------------------------------------------------------------------
+@checks_ops("Flatten", kind="finite_differences")
+@checks_ops("Flatten", kind="torch")
 @pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
 def test_flatten_matches_torch_and_gradient(axis):
-    torch = pytest.importorskip("torch")
     (x,) = _randn(3, (2, 3, 4))
     op = netrun.op("Flatten", ["X"], ["Y"], axis=axis)
     (y,) = run_op(op, {"X": x})
+    assert _inferred(op, [x]) == [y.shape]
+    check_gradient(op, {"X": x})
+    # Last, so the finite differences run without torch too.
+    torch = pytest.importorskip("torch")
     k = axis + 3 if axis < 0 else axis
     want = torch.tensor(x).reshape(int(np.prod(x.shape[:k])), -1).numpy()
     np.testing.assert_array_equal(y, want)
-    assert _inferred(op, [x]) == [y.shape]
-    check_gradient(op, {"X": x})
 
 
 def test_flatten_returns_a_view_and_later_in_place_ops_do_not_write_through():
@@ -184,6 +193,7 @@ def test_flatten_returns_a_view_and_later_in_place_ops_do_not_write_through():
     np.testing.assert_array_equal(ws.fetch_blob("X").min(), -2)
 
 
+@checks_ops("Reshape", kind="finite_differences")
 @SETTINGS
 @given(shape=shapes, data=st.data(), seed=st.integers(0, 2**16))
 def test_reshape_zero_and_minus_one(shape, data, seed):
@@ -201,6 +211,7 @@ def test_reshape_zero_and_minus_one(shape, data, seed):
     check_gradient(op, {"X": x})
 
 
+@checks_ops("Reshape", kind="torch_gradient")
 def test_reshape_matches_torch_float32_and_runs_in_place():
     torch = pytest.importorskip("torch")
     (x,) = (a.astype(np.float32) for a in _randn(4, (4, 3, 2)))
@@ -243,6 +254,7 @@ def test_reshape_size_mismatch_names_the_shape():
 
 
 # Transpose / Copy / StopGradient ---------------------------------------------------------
+@checks_ops("Transpose", kind="finite_differences")
 @SETTINGS
 @given(shape=shapes, data=st.data(), seed=st.integers(0, 2**16))
 def test_transpose_permutations_and_gradient(shape, data, seed):
@@ -257,6 +269,7 @@ def test_transpose_permutations_and_gradient(shape, data, seed):
         check_gradient(op, {"X": x})
 
 
+@checks_ops("Transpose", kind="torch_gradient")
 def test_transpose_matches_torch_permute():
     torch = pytest.importorskip("torch")
     (x,) = (a.astype(np.float32) for a in _randn(6, (2, 3, 4, 5)))
@@ -274,6 +287,7 @@ def test_transpose_bad_axes():
         run_op(netrun.op("Transpose", ["X"], ["Y"], axes=[1, 0]), {"X": np.ones((2, 2, 2))})
 
 
+@checks_ops("Copy", kind="finite_differences")
 def test_copy_is_a_real_copy_with_identity_gradient():
     ws = netrun.Workspace("cpu")
     ws.feed_blob("X", np.ones(3))
@@ -295,6 +309,7 @@ def test_stop_gradient_passes_values_and_blocks_gradients():
 
 
 # ReduceSum / ReduceMean -----------------------------------------------------------------
+@checks_ops("ReduceSum", "ReduceMean", kind="finite_differences")
 @pytest.mark.parametrize("type_,ref", [("ReduceSum", np.sum), ("ReduceMean", np.mean)])
 @SETTINGS
 @given(shape=shapes, data=st.data(), keepdims=st.booleans(), seed=st.integers(0, 2**16))
@@ -310,6 +325,7 @@ def test_reduce_axes_keepdims_and_gradient(type_, ref, shape, data, keepdims, se
     check_gradient(op, {"X": x})
 
 
+@checks_ops("ReduceSum", "ReduceMean", kind="torch_gradient")
 @pytest.mark.parametrize("type_", ["ReduceSum", "ReduceMean"])
 def test_reduce_matches_torch_float32(type_):
     torch = pytest.importorskip("torch")
