@@ -22,7 +22,7 @@ COMMAND = "python3 -m netrun.tools.ops_table > docs/operators.md"
 COLUMNS = ("type", "family", "inputs", "outputs", "gradient", "CPU", "GPU", "doc")
 
 # Why no gradient flows through an op, by family; a type may have its own reason.
-_NO_GRADIENT_FAMILY = {"fill": "filler", "optim": "update op", "optimizers": "update op",
+_NO_GRADIENT_FAMILY = {"fill": "filler", "solver_ops": "update op", "optimizers": "update op",
                        "db": "I/O", "metrics": "metric"}
 _NO_GRADIENT_TYPE = {"StopGradient": "stops gradients by definition"}
 
@@ -104,8 +104,12 @@ def _kernel(type: str, backend: str) -> str:
         # No netrun GPU kernel has run on a real GPU yet (only on the CPU emulator in tests).
         return f"{backend} kernel" + (" (unverified on GPU)" if backend == "gpu" else "")
     if "any" in backends:
-        # Shared kernels are written against xp; none has been run on a GPU yet.
-        return "shared" if backend == "cpu" else "shared (unverified on GPU)"
+        # Shared kernels are written against xp; none has been run on a GPU yet. The conv ops'
+        # shared kernels run the backend's own algorithms (netrun.conv.gpu on a GPU).
+        if backend == "cpu":
+            return "shared"
+        algorithms = ", GPU algorithms" if type.startswith("Conv") else ""
+        return f"shared{algorithms} (unverified on GPU)"
     return "**missing**"
 
 

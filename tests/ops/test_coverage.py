@@ -72,6 +72,7 @@ _BINARY = ["Add", "Sub", "Mul", "Div"]
 FINITE_DIFFERENCES: dict[str, list[str]] = {
     **{t: [f"{ACT}::test_unary_gradient_and_reference"] for t in _UNARY},
     "PRelu": [f"{ACT}::test_prelu_gradient"],
+    "HardSigmoid": ["ops.test_hard_sigmoid::test_gradient_matches_finite_differences"],
     **{t: [f"{ELT}::test_numpy_broadcasting_gradient",
            f"{ELT}::test_legacy_broadcast_axis_gradient"] for t in _BINARY},
     "Sum": [f"{ELT}::test_sum_forward_and_gradient"],
@@ -117,6 +118,7 @@ TORCH: dict[str, list[str]] = {
     **{t: [f"{ACT}::test_unary_matches_torch_float32"] for t in _UNARY if t != "Relu"},
     "Relu": [f"{COV}::test_gap_relu_matches_torch_float32"],
     "PRelu": [f"{ACT}::test_prelu_matches_torch_float32"],
+    "HardSigmoid": ["ops.test_hard_sigmoid::test_matches_torch_float32"],
     **{t: [f"{ELT}::test_matches_torch_float32"] for t in _BINARY},
     "Sum": [f"{COV}::test_gap_matches_torch_float32"],
     "Concat": [f"{SHP}::test_concat_and_split_match_torch_float32"],
@@ -423,7 +425,9 @@ def test_operator_table_lists_every_op_with_its_gradient():
     assert rows["ReluGradient"].gradient == "(gradient of Relu)"
     assert rows["SoftmaxWithLoss"].gradient.endswith("(not for labels, weights)")
     assert rows["StopGradient"].gradient.startswith("none: ")
-    assert rows["Conv"].gpu == "gpu kernel (unverified on GPU)" and rows["Conv"].cpu == "shared"
+    assert rows["Conv"].gpu == "shared, GPU algorithms (unverified on GPU)"
+    assert rows["Conv"].cpu == "shared"
+    assert rows["HardSigmoid"].gpu == "gpu kernel (unverified on GPU)"
     assert rows["Relu"].gpu == "shared (unverified on GPU)"
     assert not any("missing" in c for r in rows.values() for c in r.cells())
 

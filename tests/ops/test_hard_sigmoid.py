@@ -8,6 +8,7 @@ import pytest
 import netrun
 from netrun.core.schema import TensorSpec
 from netrun.core.shape_inference import infer_op
+from tests.checks import checks_ops
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
 
 
@@ -21,6 +22,7 @@ def _away_from_kinks(x, alpha, beta, margin=1e-3):
     return x
 
 
+@checks_ops("HardSigmoid", kind="reference")
 @pytest.mark.parametrize("alpha,beta", [(0.2, 0.5), (1.5, -0.25), (-0.3, 0.4)])
 def test_forward_matches_numpy_reference(alpha, beta, device):
     x = np.random.default_rng(0).standard_normal((3, 4, 5)) * 4
@@ -37,6 +39,7 @@ def test_defaults_are_caffe2s_and_onnxs():
     np.testing.assert_allclose(y, [0.0, 0.5, 0.7, 1.0])
 
 
+@checks_ops("HardSigmoid", kind="finite_differences")
 @pytest.mark.parametrize("alpha,beta", [(0.2, 0.5), (1.5, -0.25), (-0.3, 0.4)])
 def test_gradient_matches_finite_differences(alpha, beta):
     x = _away_from_kinks(np.random.default_rng(1).standard_normal((4, 6)) * 3, alpha, beta)
@@ -73,6 +76,7 @@ def test_shape_and_cost_inference():
     assert inferred.cost.flops == 3 * 24
 
 
+@checks_ops("HardSigmoid", kind="torch_gradient")
 def test_matches_torch_float32(device):
     torch = pytest.importorskip("torch", reason="PyTorch is the reference for this comparison")
     x = _away_from_kinks(np.random.default_rng(4).standard_normal((4, 3, 5)) * 4, 1 / 6, 0.5)
