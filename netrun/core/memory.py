@@ -39,6 +39,7 @@ import numpy as np
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.core.shape_inference import infer_op
 from netrun.proto.defs import NetDef
+from netrun.util.registry import registrar
 
 ALIGN = 256                  # bytes between buffers: whole cache lines, aligned vector loads
 MIN_PLAN_BYTES = 256 << 10   # smaller plans are not worth a mapping: their faults cost little
@@ -55,17 +56,8 @@ ScratchEstimate = Callable[[Any, Any, Any, list[TensorSpec]], int]
 _SCRATCH_ESTIMATES: dict[str, ScratchEstimate] = {}
 
 
-def register_scratch_estimate(*types: str) -> Callable[[ScratchEstimate], ScratchEstimate]:
-    """Decorator: `fn(ws, op, args, input_specs) -> bytes` estimates the scratch of `types`."""
-
-    def wrap(fn: ScratchEstimate) -> ScratchEstimate:
-        for t in types:
-            if t in _SCRATCH_ESTIMATES:
-                raise ValueError(f"scratch estimate for {t} registered twice")
-            _SCRATCH_ESTIMATES[t] = fn
-        return fn
-
-    return wrap
+# Decorator: `fn(ws, op, args, input_specs) -> bytes` estimates the scratch of the types named.
+register_scratch_estimate = registrar(_SCRATCH_ESTIMATES, "scratch estimate")
 
 
 # Bind-time warm-ups, registered next to their ops too: fn(ws, op, args, input_specs) runs
@@ -76,17 +68,8 @@ BindWarmup = Callable[[Any, Any, Any, list[TensorSpec]], None]
 _BIND_WARMUPS: dict[str, BindWarmup] = {}
 
 
-def register_bind_warmup(*types: str) -> Callable[[BindWarmup], BindWarmup]:
-    """Decorator: `fn(ws, op, args, input_specs)` warms `types` up when a net is planned."""
-
-    def wrap(fn: BindWarmup) -> BindWarmup:
-        for t in types:
-            if t in _BIND_WARMUPS:
-                raise ValueError(f"bind warm-up for {t} registered twice")
-            _BIND_WARMUPS[t] = fn
-        return fn
-
-    return wrap
+# Decorator: `fn(ws, op, args, input_specs)` warms the types named up when a net is planned.
+register_bind_warmup = registrar(_BIND_WARMUPS, "bind warm-up")
 
 
 def _aligned(n: int) -> int:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from netrun.util.registry import registrar
+
 Kernel = Callable[..., object]
 _KERNELS: dict[tuple[str, str], Kernel] = {}
 # Per op type: fn(ctx) run when an operator of that type is bound (compiled kernels load
@@ -38,17 +40,8 @@ def kernel_backends(type: str) -> list[str]:
     return sorted(b for (t, b) in _KERNELS if t == type)
 
 
-def register_preparer(*types: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Decorator: `fn(ctx)` runs when an operator of one of `types` is bound to a workspace."""
-
-    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
-        for t in types:
-            if t in _PREPARERS:
-                raise ValueError(f"preparer for {t} registered twice")
-            _PREPARERS[t] = fn
-        return fn
-
-    return wrap
+# Decorator: `fn(ctx)` runs when an operator of one of the types named is bound to a workspace.
+register_preparer = registrar(_PREPARERS, "preparer")
 
 
 def find_preparer(type: str) -> Callable[..., None] | None:

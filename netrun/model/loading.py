@@ -8,6 +8,7 @@ from netrun.errors import NetrunError, ParseError
 from netrun.model.model import Model, model_from_netdef
 from netrun.model.yaml_model import model_from_yaml_file
 from netrun.proto.io import load_netdef
+from netrun.util.registry import registrar
 
 # Loaders by file extension: path, options -> Model. Formats defined above this layer (Caffe's
 # .prototxt) register themselves with `register_format`.
@@ -15,17 +16,8 @@ Loader = Callable[..., Model]
 LOADERS: dict[str, Loader] = {}
 
 
-def register_format(*suffixes: str) -> Callable[[Loader], Loader]:
-    """Decorator: `fn(path, **options) -> Model` loads model files with these suffixes."""
-
-    def wrap(fn: Loader) -> Loader:
-        for suffix in suffixes:
-            if suffix in LOADERS:
-                raise ValueError(f"model format {suffix} registered twice")
-            LOADERS[suffix] = fn
-        return fn
-
-    return wrap
+# Decorator: `fn(path, **options) -> Model` loads model files with the suffixes named.
+register_format = registrar(LOADERS, "model format")
 
 
 @register_format(".yaml", ".yml")
