@@ -2,8 +2,8 @@
 
 Every NetrunError (bad input) becomes one paragraph on stderr and exit status 2; any other
 exception is a bug in netrun, reported as an internal error with exit status 1 and a request
-to report it. `--debug` (or NETRUN_DEBUG=1) adds the traceback. Commands import the heavy
-parts of netrun inside their function bodies so `netrun --help` stays fast.
+to report it. `--debug` (or NETRUN_DEBUG=1) adds the traceback. Commands import their own
+modules (training, inference, profiling) inside their function bodies, when they run.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from netrun.core.gradient import gradient_ops, has_gradient
 from netrun.core.registry import kernel_backends
-from netrun.core.schema import MANY, OpSchema, all_schemas
+from netrun.core.schema import MANY, OpSchema, all_schemas, get_schema
 from netrun.errors import NetrunError
 from netrun.ops import FAMILIES, family_of
 from netrun.proto.defs import OperatorDef
@@ -108,7 +108,7 @@ def _kernel(type: str, backend: str) -> str:
         # shared kernels run the backend's own algorithms (netrun.conv.gpu on a GPU).
         if backend == "cpu":
             return "shared"
-        algorithms = ", GPU algorithms" if type.startswith("Conv") else ""
+        algorithms = ", GPU algorithms" if get_schema(type).family == "conv" else ""
         return f"shared{algorithms} (unverified on GPU)"
     return "**missing**"
 

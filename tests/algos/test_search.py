@@ -328,6 +328,10 @@ def test_binding_picks_and_warms_so_the_first_run_works_nothing_out(monkeypatch)
     assert {n for _, n in seen} == {4}
     assert [o.ctx.state["algo"] for o in net.ops] == ["im2col_gemm", "im2col_gemm"]
     assert all(o.ctx.state["plan"].warmed for o in net.ops)
+    for o in net.ops:   # a plan's scratch: its chosen algorithms' largest
+        plan = o.ctx.state["plan"]
+        assert plan.scratch_bytes == max(a.workspace_bytes(plan.problem)
+                                         for a in plan.algos.values()) > 0
     # the same workspace binding the same problem again: picks and warm-ups are remembered
     seen.clear()
     conv_net(ws, x_shape=(4, 3, 9, 9), planned=True)
