@@ -34,7 +34,8 @@ register_schema(
         "trailing axes flattened). As in Caffe, an example is a hit when fewer than top_k "
         "classes score strictly higher than its label, so ties count as hits (Caffe2's "
         "stable sort would rank tied classes of lower index first). Examples labelled "
-        "ignore_label are left out of numerator and denominator; 0 when none count.")
+        "ignore_label are left out of numerator and denominator; 0 when none count. An example "
+        "with any NaN or infinite score counts as a miss, so a diverged net scores 0.")
 
 
 @register_kernel("Accuracy")
@@ -47,7 +48,9 @@ def accuracy(ctx, X, labels):
     lab, valid = label_index(ctx, labels, n, d, a.ignore_label)
     label_score = xp.take_along_axis(X2, lab[:, None], axis=1)       # (N, 1)
     better = (X2 > label_score).sum(axis=1)                           # (N,)
-    hit = better < a.top_k
+    # NaN compares false both ways, so a NaN row would count as a hit: a diverged net must
+    # score nothing (and never win best.h5). Same rule as the GPU kernel.
+    hit = (better < a.top_k) & xp.isfinite(X2).all(axis=1)
     out = ctx.output(0, (), "float32")
     if valid is None:
         out[...] = hit.mean(dtype=xp.float32) if n else 0.0

@@ -14,13 +14,14 @@ from tests.checks import checks_ops
 
 
 def reference_accuracy(x: np.ndarray, labels: np.ndarray, k: int, ignore: int = -1) -> float:
-    """Caffe's rule, one example at a time: a hit when fewer than k classes score higher."""
+    """Caffe's rule, one example at a time: a hit when fewer than k classes score higher;
+    a row holding a NaN or infinite score is a miss."""
     hits = count = 0
     for row, label in zip(x.reshape(len(x), -1), labels):
         if ignore != -1 and label == ignore:
             continue
         count += 1
-        hits += sum(s > row[label] for s in row) < k
+        hits += bool(np.isfinite(row).all()) and sum(s > row[label] for s in row) < k
     return hits / count if count else 0.0
 
 
@@ -29,13 +30,16 @@ def reference_accuracy(x: np.ndarray, labels: np.ndarray, k: int, ignore: int = 
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 12), d=st.integers(1, 8), k=st.integers(1, 8),
-       seed=st.integers(0, 2**16), ties=st.booleans(), ignore=st.booleans())
-def test_accuracy_matches_reference(device, n, d, k, seed, ties, ignore):
+       seed=st.integers(0, 2**16), ties=st.booleans(), ignore=st.booleans(),
+       bad=st.sampled_from([None, np.nan, np.inf, -np.inf]))
+def test_accuracy_matches_reference(device, n, d, k, seed, ties, ignore, bad):
     k = min(k, d)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, d)).astype(np.float32)
     if ties:
         x = np.round(x)  # many equal scores: ties count as hits
+    if bad is not None:  # a few non-finite scores, anywhere (the label's included)
+        x.flat[rng.integers(0, x.size, max(1, x.size // 5))] = bad
     labels = rng.integers(0, d, n).astype(np.int32)
     args = {"top_k": k}
     if ignore:
@@ -45,6 +49,19 @@ def test_accuracy_matches_reference(device, n, d, k, seed, ties, ignore):
     assert acc.shape == () and acc.dtype == np.float32
     assert acc == pytest.approx(reference_accuracy(x, labels, k, args.get("ignore_label", -1)),
                                 abs=1e-7)
+
+
+def test_non_finite_scores_are_misses(device):
+    """A diverged net (NaN scores) scores 0, not 100%: NaN compares false both ways."""
+    x = np.array([[np.nan] * 3, [0.1, np.nan, 0.2], [np.nan, 0.9, 0.0], [0.0, np.inf, 1.0],
+                  [-np.inf, 0.5, 0.1], [0.2, 0.7, 0.1]], np.float32)
+    labels = np.array([0, 2, 1, 1, 1, 1])
+    for k in (1, 3):
+        (acc,) = run_op(netrun.op("Accuracy", ["X", "L"], ["acc"], top_k=k), {"X": x, "L": labels},
+                        device)
+        assert acc == pytest.approx(1 / 6)          # only the finite last row is a hit
+    ignored = netrun.op("Accuracy", ["X", "L"], ["acc"], ignore_label=0)
+    assert run_op(ignored, {"X": x, "L": labels}, device)[0] == pytest.approx(1 / 5)
 
 
 def test_accuracy_known_values():

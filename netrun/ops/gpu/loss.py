@@ -167,8 +167,16 @@ __global__ void accuracy_rows(const T* x, const L* labels, float* hits, float* c
     const T* xi = x + i * d;
     T score = xi[lab];
     int better = 0;
-    for (int j = 0; j < d; ++j) better += xi[j] > score;
-    hits[i] = (counts && better < top_k) ? 1.0f : 0.0f;
+    // A row with a NaN or infinite score is a miss, as on the CPU (NaN compares false, so it
+    // would otherwise count as a hit). v - v is 0 exactly for finite v and NaN otherwise:
+    // no isfinite needed, so NVRTC and the host emulator compile the same code.
+    bool finite = true;
+    for (int j = 0; j < d; ++j) {
+      T v = xi[j];
+      better += v > score;
+      finite = finite && (v - v == (T)0);
+    }
+    hits[i] = (counts && finite && better < top_k) ? 1.0f : 0.0f;
     counted[i] = counts ? 1.0f : 0.0f;
   }
 }
