@@ -4,10 +4,15 @@ Every NetrunError (bad input) becomes one paragraph on stderr and exit status 2;
 exception is a bug in netrun, reported as an internal error with exit status 1 and a request
 to report it. `--debug` (or NETRUN_DEBUG=1) adds the traceback. Commands import their own
 modules (training, inference, profiling) inside their function bodies, when they run.
+
+Exit statuses: 0 done, 1 internal error, 2 bad input, 128 + N stopped by signal N (130
+SIGINT, 143 SIGTERM, 129 SIGHUP; 141, as for SIGPIPE, when a reader closed stdout before a
+command's output was complete; `train` keeps training then, with its output dropped).
 """
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 import traceback
 
@@ -55,8 +60,13 @@ class NetrunGroup(click.Group):
             if console.debug:
                 traceback.print_exc()
             abort(str(e))
-        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            # The reader is gone (`| head`): not an error to report, and nothing to report to.
+            console.stdout.silence()
+            console.stderr.silence()
+            raise click.exceptions.Exit(128 + getattr(signal, "SIGPIPE", 13)) from None
         except OSError as e:   # the machine's, not netrun's: a full disk, a permission
             if console.debug:
                 traceback.print_exc()

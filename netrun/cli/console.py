@@ -2,10 +2,16 @@
 
 Colour follows `--color/--no-color`, else NO_COLOR, else whether the stream is a terminal
 (rich decides). Progress displays are for terminals only (`console.interactive`).
+
+Output is never a reason to stop: a closed pipe (`netrun train cfg | head -1`) or a vanished
+terminal (SIGHUP) silences that stream for the rest of the process, and the command goes on
+(training keeps writing its checkpoints, which are the record that matters).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from typing import Any, Iterable, NoReturn, Sequence
 
@@ -18,6 +24,54 @@ from rich.text import Text
 PIPE_WIDTH = 200
 
 
+class QuietOnClose:
+    """sys.stdout or sys.stderr, looked up at each write; the first OSError (EPIPE from a
+    closed pipe, EIO from a closed terminal, ...) silences it instead of raising."""
+
+    def __init__(self, name: str):
+        self.name, self.silenced = name, False
+
+    def _stream(self):
+        stream = getattr(sys, self.name)
+        # rich's progress display stands in for sys.stdout/err with a proxy: write past it.
+        return getattr(stream, "rich_proxied_file", stream)
+
+    def write(self, text: str) -> int:
+        if not self.silenced:
+            try:
+                return self._stream().write(text)
+            except (OSError, ValueError):    # ValueError: the stream object was closed
+                self.silence()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.silenced:
+            try:
+                self._stream().flush()
+            except (OSError, ValueError):
+                self.silence()
+
+    def silence(self) -> None:
+        """Drop all further output to this stream, by anyone."""
+        self.silenced = True
+        stream = self._stream()
+        # Point the descriptor at /dev/null, so that what is still buffered, later writes
+        # by other code and the interpreter's flush at exit all succeed quietly (a failed
+        # flush at exit would turn the exit status into 120).
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            fd = stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, fd)
+            finally:
+                os.close(null)
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+
+    def __getattr__(self, attr):             # isatty, fileno, encoding, ...
+        return getattr(self._stream(), attr)
+
+
 class Console:
     """Owns all CLI output. `configure` is called once per invocation by the group."""
 
@@ -28,12 +82,14 @@ class Console:
                   debug: bool = False) -> None:
         """Set colour (None: automatic), verbosity (-q < 0 < -v) and --debug."""
         self.verbosity, self.debug = verbosity, debug
-        # file=None makes rich look up sys.stdout/sys.stderr at each write, so redirected
-        # streams (CliRunner, pytest capture) are honoured.
+        # The streams look up sys.stdout/sys.stderr at each write, so redirected streams
+        # (CliRunner, pytest capture) are honoured.
+        self.stdout, self.stderr = QuietOnClose("stdout"), QuietOnClose("stderr")
         common = {"highlight": False, "force_terminal": color,
                   "no_color": (not color) if color is not None else None}
-        self.out = RichConsole(width=None if sys.stdout.isatty() else PIPE_WIDTH, **common)
-        self.err = RichConsole(stderr=True, **common)
+        self.out = RichConsole(file=self.stdout, width=None if sys.stdout.isatty() else PIPE_WIDTH,
+                               **common)
+        self.err = RichConsole(file=self.stderr, stderr=True, **common)
 
     @property
     def interactive(self) -> bool:
@@ -43,7 +99,7 @@ class Console:
     # Data (stdout) ---------------------------------------------------------------------
     def text(self, text: str) -> None:
         """Plain text as is (no markup, no wrapping): net files, listings."""
-        click.echo(text, nl=not text.endswith("\n"))
+        click.echo(text, nl=not text.endswith("\n"), file=self.stdout)
 
     def json(self, data: Any) -> None:
         """Machine-readable output for --json."""

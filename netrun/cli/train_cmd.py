@@ -1,7 +1,11 @@
-"""`netrun train CONFIG`: train, test, checkpoint and resume."""
+"""`netrun train CONFIG`: train, test, checkpoint and resume.
+
+SIGINT, SIGTERM and SIGHUP finish the current step, write a checkpoint and exit with
+128 + the signal's number; a second signal stops at once (see netrun.cli.signals). Every
+message about checkpoints says what is on disk, never more.
+"""
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
@@ -9,6 +13,7 @@ import click
 
 from netrun.cli.algo_options import algo_options, configure_algos
 from netrun.cli.console import abort, console
+from netrun.cli.signals import StopRequest, signal_name
 
 
 @click.command()
@@ -16,7 +21,14 @@ from netrun.cli.console import abort, console
 @click.option("--device", help="cpu, gpu or gpu:N (default: the config's).")
 @click.option("-o", "--output", help="Run folder for checkpoints and metrics.jsonl.")
 @click.option("--resume", metavar="PATH|auto",
-              help="Continue from a checkpoint; 'auto' takes OUTPUT/last.h5 when it exists.")
+              help="Continue from a checkpoint; 'auto' takes OUTPUT/last.h5 (else its newest "
+                   "iter_<N>.h5) when there is one, else starts a new run.")
+@click.option("--force", is_flag=True,
+              help="Start a new run in an output folder that holds another run's checkpoints: "
+                   "deletes its last.h5, best.h5 and iter_<N>.h5 (metrics.jsonl is kept).")
+@click.option("--allow-changes", is_flag=True,
+              help="Resume even where the config's batch size, solver, lr policy or data "
+                   "settings differ from the checkpoint's (each is shown as a warning).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a config value, e.g. --set solver.base_lr=0.1 (repeatable).")
 @click.option("--max-iter", type=int, help="Stop after this many iterations in all.")
@@ -28,12 +40,18 @@ from netrun.cli.console import abort, console
               help="Start from these weights: a netrun checkpoint or a Caffe .caffemodel(.h5).")
 @algo_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-def train(config, device, output, resume, overrides, max_iter, data_dir, data_spec, weights,
-          algo_search, workspace_limit, as_json):
+def train(config, device, output, resume, force, allow_changes, overrides, max_iter, data_dir,
+          data_spec, weights, algo_search, workspace_limit, as_json):
     """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
+    from netrun.train import run_folder  # lazy
     from netrun.train.config import load_config, with_overrides  # lazy
-    from netrun.train.trainer import Callbacks, Trainer  # lazy: loaded when the command runs
+    from netrun.train.trainer import Callbacks, Interrupted, Trainer  # lazy
 
+    # Installed first, as set-up (data, model, resume) can take a while too; restored when
+    # the command's context closes.
+    holder: dict = {}
+    stop = StopRequest(lambda name: _abrupt_stop(holder.get("trainer"), name)).install()
+    click.get_current_context().call_on_close(stop.restore)
     data = _data_override(data_spec)
     if config.endswith(".prototxt"):
         from netrun.caffe import is_solver_file, solver_to_config  # lazy
@@ -49,21 +67,42 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, data_sp
     weights = weights or cfg.raw.get("weights")
     if max_iter is not None:
         cfg.solver.max_iter = max_iter
-    trainer = Trainer(cfg, device=device, output=output, data_dir=data_dir)
+    folder = Path(output or cfg.output)
+    if force and resume:
+        abort("--force starts a new run and --resume continues one: give only one of them")
+    for p in run_folder.remove_stale_temps(folder):
+        console.detail(f"removed {p}, left behind by a stopped run")
+    if resume == "auto":
+        found = run_folder.newest(folder)
+        resume = str(found) if found else None
+        if resume is None:
+            console.detail(f"--resume auto: no checkpoint in {folder}; starting a new run")
+    if not force:
+        run_folder.check_new_run(folder, resume)
+    trainer = Trainer(cfg, device=device, output=str(folder), data_dir=data_dir)
+    holder["trainer"] = trainer
     mode = algo_search or (cfg.algo_search if cfg.algo_search != "heuristic" else None)
     configure_algos(trainer.ws, mode, workspace_limit)
-    if resume == "auto":
-        last = Path(trainer.output) / "last.h5"
-        resume = str(last) if last.exists() else None
     console.info(f"training {trainer.model.name} on {trainer.source.describe()} "
                  f"({trainer.ws.device}), {cfg.solver.max_iter} iterations -> {trainer.output}")
-    trainer.start(resume)
+    changes = trainer.start(resume, allow_changes=allow_changes)
+    for change in changes:
+        console.warn(f"resuming with a changed setting (--allow-changes): {change}")
     if resume:
         console.info(f"resumed from {resume} at iteration {trainer.iteration}")
     elif weights:
         from netrun.weights import load_weights  # lazy: loaded when the command runs
 
         console.info(f"initial weights: {load_weights(trainer.ws, weights, trainer.model)}")
+    if stop.requested():      # before --force deletes anything: nothing has changed yet
+        console.warn(f"stopped by {signal_name(stop.first)} before training started; "
+                     f"nothing was written")
+        raise click.exceptions.Exit(128 + stop.first)
+    if force:
+        removed = run_folder.clear(folder)
+        if removed:
+            console.info(f"--force: deleted {len(removed)} checkpoint(s) of the previous run "
+                         f"in {folder}")
 
     state = {"start": time.perf_counter(), "examples": 0, "loss": None, "test": None}
     progress = _progress(cfg.solver.max_iter, trainer.iteration, as_json)
@@ -88,22 +127,23 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, data_sp
     def on_checkpoint(path, why):
         console.detail(f"checkpoint ({why}): {path}")
 
-    # Ctrl-C and a kill (SIGTERM) ask the loop to stop after the current step, where it writes
-    # a checkpoint and exits cleanly; a second one stops at once. SIGINT is set explicitly: a
-    # process started in the background by a shell inherits it as ignored.
-    stop = _StopRequest()
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with (progress or _Null()):
             trainer.run(cfg.solver.max_iter, Callbacks(on_step, on_test, on_checkpoint,
                                                        should_stop=stop.requested))
-    except KeyboardInterrupt:
-        console.warn(f"interrupted at iteration {trainer.iteration}; checkpoint saved to "
-                     f"{Path(trainer.output) / 'last.h5'}")
+    except Interrupted as e:
+        by = f" by {signal_name(stop.first)}" if stop.first else ""
+        if e.checkpoint is not None:
+            console.warn(f"interrupted at iteration {e.iteration}{by}; checkpoint saved: "
+                         f"{folder / 'last.h5'} (iteration {e.iteration})")
+        else:
+            console.warn(f"interrupted at iteration {e.iteration}{by}; no checkpoint written "
+                         f"({e.reason}){_newest(trainer)}")
+        raise click.exceptions.Exit(128 + (stop.first or 2))
+    except KeyboardInterrupt:    # not through the handlers (e.g. raised by other code)
+        console.warn(f"interrupted at iteration {trainer.iteration}; no checkpoint was written "
+                     f"for it{_newest(trainer)}")
         raise click.exceptions.Exit(130)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     seconds = time.perf_counter() - state["start"]
     test = state["test"]
     summary = {
@@ -130,19 +170,29 @@ def _data_override(spec: str | None) -> dict | None:
     return {"source": source, **({"split": split} if split else {})}
 
 
-class _StopRequest:
-    """A signal handler that asks the training loop to stop; a second signal interrupts."""
+def _newest(trainer) -> str:
+    """'; the newest checkpoint ... ' from what this process itself wrote."""
+    if trainer.saved is not None:
+        iteration, path = trainer.saved
+        return f"; the newest checkpoint this run wrote is {path} (iteration {iteration})"
+    return "; this run wrote no checkpoint"
 
-    def __init__(self):
-        self.count = 0
 
-    def __call__(self, signum, frame):
-        self.count += 1
-        if self.count > 1:
-            raise KeyboardInterrupt
-
-    def requested(self) -> bool:
-        return self.count > 0
+def _abrupt_stop(trainer, name: str) -> str:
+    """What a second signal leaves on disk, in one sentence (see StopRequest)."""
+    head = f"second signal ({name}): stopped at once"
+    if trainer is None:
+        return f"{head} during set-up; no checkpoint was written"
+    out = Path(trainer.output)
+    if trainer.writing is not None:
+        return (f"{head} while writing {trainer.writing} in {out}: each holds either its new "
+                f"or its previous contents, never a partial file")
+    if trainer.at_boundary and trainer.saved is not None and trainer.saved[0] == trainer.iteration:
+        return (f"{head} after iteration {trainer.iteration}, whose checkpoint had been "
+                f"written: {out / 'last.h5'}")
+    where = (f"after iteration {trainer.iteration}" if trainer.at_boundary else
+             f"during iteration {trainer.iteration + 1}")
+    return f"{head} {where}, without writing a checkpoint of it{_newest(trainer)}"
 
 
 class _Null:

@@ -86,6 +86,15 @@ def read_info(path: str | os.PathLike) -> CheckpointInfo:
 def check_compatible(info: CheckpointInfo, ws, params: list[str], optimizer: list[str],
                      solver_type: str | None) -> None:
     """List every mismatch between the checkpoint and the nets at once, or return."""
+    problems = compatibility_problems(info, ws, params, optimizer, solver_type)
+    if problems:
+        raise CheckpointError(f"checkpoint '{info.path}' does not fit this net:\n  - "
+                              + "\n  - ".join(problems))
+
+
+def compatibility_problems(info: CheckpointInfo, ws, params: list[str], optimizer: list[str],
+                           solver_type: str | None) -> list[str]:
+    """Every mismatch of optimizer type, blob names and shapes, one line each."""
     problems = []
     saved_type = info.meta.get("solver_type")
     if solver_type is not None and saved_type is not None and saved_type != solver_type:
@@ -102,9 +111,7 @@ def check_compatible(info: CheckpointInfo, ws, params: list[str], optimizer: lis
     extra = [n for n in info.params if n not in params]
     if extra:
         problems.append(f"the checkpoint has parameters the net lacks: {', '.join(extra)}")
-    if problems:
-        raise CheckpointError(f"checkpoint '{info.path}' does not fit this net:\n  - "
-                              + "\n  - ".join(problems))
+    return problems
 
 
 def load_blobs(ws, path: str | os.PathLike, names: list[str], group: str) -> None:

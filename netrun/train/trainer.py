@@ -3,6 +3,11 @@
 UI-free: the CLI passes callbacks for progress and logging. Resuming restores parameters,
 optimizer state, the iteration, both RNGs and the data loader's position, so N steps
 straight and N/2 + resume + N/2 give bitwise identical parameters on CPU.
+
+A checkpoint is written only at a step boundary, where all of that belongs to one iteration:
+an interruption in the middle of a step (a KeyboardInterrupt can land anywhere) skips the
+checkpoint rather than write parameters of one iteration with the loader position of the
+next. `at_boundary`, `writing` and `saved` say at any moment what is safe and what is on disk.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,11 +29,24 @@ from netrun.proto.pbtxt import netdef_to_text
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import TrainConfig
 from netrun.train.data import BatchLoader, iterate_once, make_source, make_transform
+from netrun.train.resume_check import check_resume
 from netrun.train.solver import LR, TrainingNets, build_training
+from netrun.version import __version__
 
 
 class NonFiniteLoss(NetrunError):
     """The loss became NaN or infinite; the run stops, earlier checkpoints stay intact."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run stopped early; `checkpoint` is the file holding its final state, or None.
+
+    `reason` says why no checkpoint was written when there is none.
+    """
+
+    def __init__(self, iteration: int, checkpoint: Path | None, reason: str = ""):
+        super().__init__(f"interrupted at iteration {iteration}")
+        self.iteration, self.checkpoint, self.reason = iteration, checkpoint, reason
 
 
 @dataclass
@@ -76,6 +95,14 @@ class Trainer:
     ws: Workspace | None = None
     best_accuracy: float = -1.0
     history: list[dict] = field(default_factory=list)
+    # Parameters, optimizer, RNGs, loader position and `iteration` all belong to one iteration
+    # (False from the start of a step until its update is done and counted).
+    at_boundary: bool = True
+    # The file names being written now ("iter_40.h5 and last.h5"), else None.
+    writing: str | None = None
+    # (iteration, path) of the newest snapshot this process finished writing.
+    saved: tuple[int, Path] | None = None
+    resumed_from: str | None = None
 
     def __post_init__(self):
         cfg = self.config
@@ -99,25 +126,34 @@ class Trainer:
         self._started = False
 
     # Set-up --------------------------------------------------------------------------------
-    def start(self, resume: str | None = None) -> None:
-        """Run the init net, optionally restore a checkpoint, bind the nets."""
+    def start(self, resume: str | None = None, allow_changes: bool = False) -> list[str]:
+        """Run the init net, optionally restore a checkpoint, bind the nets.
+
+        Returns the config changes a resume was allowed to make (see `restore`).
+        """
         ws, nets = self.ws, self.nets
         ws.run_net_once(nets.init)
         # Bind with real inputs present so buffers and shapes settle on the first run.
         for net in (nets.step, nets.update, nets.test):
             ws.create_net(net)
-        if resume:
-            self.restore(resume)
+        changes = self.restore(resume, allow_changes) if resume else []
         self._started = True
+        return changes
 
     def _checkpoint_blobs(self) -> tuple[list[str], list[str], list[str]]:
         return list(self.model.param_names), list(self.nets.optimizer_state), list(self.nets.state)
 
-    def restore(self, path: str) -> None:
-        """Continue from a checkpoint exactly where it stopped."""
+    def restore(self, path: str, allow_changes: bool = False) -> list[str]:
+        """Continue from a checkpoint exactly where it stopped.
+
+        A config whose trajectory settings differ from the checkpoint's is refused, listing
+        every difference, unless allow_changes; the allowed differences are returned.
+        """
         info = ckpt.read_info(path)
         params, optimizer, state = self._checkpoint_blobs()
-        ckpt.check_compatible(info, self.ws, params, optimizer, self.config.solver.type)
+        problems = ckpt.compatibility_problems(info, self.ws, params, optimizer,
+                                               self.config.solver.type)
+        changes = check_resume(str(path), info.meta, self.config.raw, allow_changes, problems)
         ckpt.load_blobs(self.ws, path, params, "params")
         ckpt.load_blobs(self.ws, path, optimizer, "optimizer")
         ckpt.load_blobs(self.ws, path, state, "state")
@@ -131,6 +167,8 @@ class Trainer:
         if "data" in meta:
             self.loader.load_state(meta["data"])
         self.best_accuracy = float(meta.get("best_accuracy", -1.0))
+        self.resumed_from = str(path)
+        return changes
 
     def _set_device_rng(self, state) -> None:
         # Another device kind's generator cannot take this state (a GPU checkpoint resumed on
@@ -146,6 +184,7 @@ class Trainer:
         """iter_size forward/backward passes, then one update."""
         ws, nets, cfg = self.ws, self.nets, self.config.solver
         t0 = time.perf_counter()
+        self.at_boundary = False
         if cfg.iter_size > 1:
             for p in nets.params:
                 acc = ws.get_blob(nets.grads[p])
@@ -163,6 +202,7 @@ class Trainer:
         ws.run_net(nets.update.name)
         lr = -float(ws.fetch_blob(LR))
         self.iteration += 1
+        self.at_boundary = True
         return StepResult(self.iteration, loss, lr, time.perf_counter() - t0,
                           self.batch_size * cfg.iter_size)
 
@@ -225,27 +265,46 @@ class Trainer:
     def snapshot(self, why: str, callbacks: Callbacks | None = None) -> Path:
         """Write iter_<N>.h5 and point last.h5 at it."""
         self.output.mkdir(parents=True, exist_ok=True)
-        path = self.save(self.output / f"iter_{self.iteration}.h5")
-        ckpt.link_or_copy(path, self.output / "last.h5")
+        path, last = self.output / f"iter_{self.iteration}.h5", self.output / "last.h5"
+        self.writing = f"{path.name} and {last.name}"
+        try:
+            self.save(path)
+            ckpt.link_or_copy(path, last)
+            self.saved = (self.iteration, path)      # before `writing` is cleared: see below
+        finally:
+            # Whoever reads these in between (a signal handler) sees a write in progress, or
+            # the finished one: never "nothing in progress" with `saved` not yet updated.
+            self.writing = None
         if callbacks and callbacks.on_checkpoint:
             callbacks.on_checkpoint(str(path), why)
         return path
 
     # The loop ------------------------------------------------------------------------------
     def run(self, max_iter: int | None = None, callbacks: Callbacks | None = None) -> TestResult | None:
-        """Train to max_iter with periodic tests and snapshots; Ctrl-C saves and re-raises."""
+        """Train to max_iter with periodic tests and snapshots.
+
+        A stop request (callbacks.should_stop, polled between steps) or a KeyboardInterrupt
+        raises `Interrupted`, after writing a checkpoint when the state is at a step boundary.
+        """
         cfg = self.config.solver
         callbacks = callbacks or Callbacks()
         max_iter = cfg.max_iter if max_iter is None else max_iter
         if not self._started:
             self.start()
         self.output.mkdir(parents=True, exist_ok=True)
+        first = self.iteration
         log = open(self.output / "metrics.jsonl", "a")
         last_test = None
         try:
+            self._log(log, {"event": "start", "iter": self.iteration,
+                            "resumed_from": self.resumed_from,
+                            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            "netrun_version": __version__})
+            self._poll_stop(callbacks)
             if cfg.test_initialization and self.iteration == 0:
                 last_test = self._test_and_log(log, callbacks)
             while self.iteration < max_iter:
+                self._poll_stop(callbacks)
                 result = self.step()
                 if callbacks.on_step:
                     callbacks.on_step(result)
@@ -257,17 +316,36 @@ class Trainer:
                     last_test = self._test_and_log(log, callbacks)
                 if cfg.snapshot and self.iteration % cfg.snapshot == 0 and not done:
                     self.snapshot("snapshot", callbacks)
-                if callbacks.should_stop is not None and callbacks.should_stop():
-                    raise KeyboardInterrupt
+            self._poll_stop(callbacks)
             last_test = self._test_and_log(log, callbacks)
             self.snapshot("final", callbacks)
         except KeyboardInterrupt:
-            self.snapshot("interrupted", callbacks)
-            raise
+            raise self._stop_here(first, callbacks) from None
         finally:
             log.close()
             self.loader.close()
         return last_test
+
+    @staticmethod
+    def _poll_stop(callbacks: Callbacks) -> None:
+        if callbacks.should_stop is not None and callbacks.should_stop():
+            raise KeyboardInterrupt
+
+    def _stop_here(self, first: int, callbacks: Callbacks) -> Interrupted:
+        """Checkpoint the state if it is consistent; say what was written."""
+        if not self.at_boundary:
+            return Interrupted(self.iteration, None, "interrupted in the middle of a step, "
+                               "whose state is not consistent")
+        if self.iteration == first:
+            return Interrupted(self.iteration, None, "no step was done in this run")
+        if self.saved is not None and self.saved[0] == self.iteration:
+            return Interrupted(self.iteration, self.saved[1])     # the periodic snapshot
+        try:
+            path = self.snapshot("interrupted", callbacks)
+        except KeyboardInterrupt:
+            return Interrupted(self.iteration, None, "the checkpoint write was interrupted "
+                               "(the files keep their previous contents)")
+        return Interrupted(self.iteration, path)
 
     def _test_and_log(self, log, callbacks: Callbacks) -> TestResult:
         result = self.test(self.config.solver.test_iter)
@@ -276,15 +354,33 @@ class Trainer:
         if callbacks.on_test:
             callbacks.on_test(result)
         acc = result.accuracy
-        if acc is not None and acc > self.best_accuracy:
-            self.best_accuracy = acc
-            self.output.mkdir(parents=True, exist_ok=True)
-            self.save(self.output / "best.h5")
+        # A diverged net's NaN must never become "the best": finite loss and accuracy only.
+        if (acc is not None and math.isfinite(acc) and math.isfinite(result.loss)
+                and acc > self.best_accuracy):
+            self._save_best(acc)
             if callbacks.on_checkpoint:
                 callbacks.on_checkpoint(str(self.output / "best.h5"), "best")
         return result
 
+    def _save_best(self, accuracy: float) -> None:
+        previous, self.best_accuracy = self.best_accuracy, accuracy   # best.h5 records itself
+        self.output.mkdir(parents=True, exist_ok=True)
+        self.writing = "best.h5"
+        try:
+            self.save(self.output / "best.h5")
+        except BaseException:
+            self.best_accuracy = previous        # not written: later checkpoints must not say so
+            raise
+        finally:
+            self.writing = None
+
     def _log(self, log, record: dict) -> None:
-        log.write(json.dumps(record) + "\n")
+        # NaN and infinities as null: metrics.jsonl stays standard JSON.
+        log.write(json.dumps(_finite_or_none(record), allow_nan=False) + "\n")
         log.flush()
         self.history.append(record)
+
+
+def _finite_or_none(record: dict) -> dict:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in record.items()}
