@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 # SIGHUP: a closed terminal or SSH session. Not every platform has it.
 SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP"))
@@ -53,7 +53,7 @@ class StopRequest:
             return
         try:
             message = self.describe(signal_name(signum))
-        except Exception as e:               # never let a report keep the process alive
+        except Exception as e:  # noqa: BLE001 -- a failed report must not keep the process alive
             message = f"second signal ({signal_name(signum)}): stopped at once ({e})"
         # Straight to the descriptor: the handler may run while a buffered stream is in the
         # middle of a write, and stderr may be gone (closed terminal): then say nothing.

@@ -72,13 +72,14 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
         abort("--force starts a new run and --resume continues one: give only one of them")
     for p in run_folder.remove_stale_temps(folder):
         console.detail(f"removed {p}, left behind by a stopped run")
-    if resume == "auto":
+    auto = resume == "auto"
+    if auto:
         found = run_folder.newest(folder)
         resume = str(found) if found else None
         if resume is None:
             console.detail(f"--resume auto: no checkpoint in {folder}; starting a new run")
     if not force:
-        run_folder.check_new_run(folder, resume)
+        run_folder.check_new_run(folder, resume, auto)
     trainer = Trainer(cfg, device=device, output=str(folder), data_dir=data_dir)
     holder["trainer"] = trainer
     mode = algo_search or (cfg.algo_search if cfg.algo_search != "heuristic" else None)

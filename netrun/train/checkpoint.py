@@ -24,6 +24,7 @@ from netrun.core.db import open_db
 from netrun.errors import CheckpointError
 from netrun.proto.defs import NetDef, op
 from netrun.proto.pbtxt import netdef_from_text
+from netrun.util.atomic import discard, publish, temp_path_beside
 from netrun.version import __version__
 
 
@@ -123,13 +124,18 @@ def load_blobs(ws, path: str | os.PathLike, names: list[str], group: str) -> Non
 
 def link_or_copy(src: Path, dst: Path) -> None:
     """Make dst a second name for src, atomically (hard link, else copy), replacing dst."""
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
+    # The atomic writer's temporary names, so that a kill's leftover is recognised and
+    # removed by the next run in the folder (netrun.train.run_folder).
+    tmp = temp_path_beside(dst)
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        publish(tmp, dst)
+    except BaseException:
+        discard(tmp)
+        raise
 
 
 def _dims(shape) -> str:

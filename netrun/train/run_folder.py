@@ -46,10 +46,11 @@ def newest(folder: str | os.PathLike) -> Path | None:
     return max(numbered)[1] if numbered else None
 
 
-def check_new_run(folder: str | os.PathLike, resume: str | None) -> None:
+def check_new_run(folder: str | os.PathLike, resume: str | None, auto: bool = False) -> None:
     """Refuse a run that would overwrite or mix with the checkpoints already in `folder`.
 
-    Resuming from a checkpoint inside the folder continues that run and is allowed.
+    Resuming from a checkpoint inside the folder continues that run and is allowed. `auto`:
+    `--resume auto` was asked for (and found nothing to resume from when resume is None).
     """
     folder = Path(folder)
     found = checkpoints(folder)
@@ -58,13 +59,17 @@ def check_new_run(folder: str | os.PathLike, resume: str | None) -> None:
     if resume is not None and _inside(Path(resume), folder):
         return
     names = ", ".join(p.name for p in found[:4]) + (", ..." if len(found) > 4 else "")
+    force = ("start over with `--force` (deletes its last.h5, best.h5 and iter_<N>.h5; "
+             "metrics.jsonl is kept and marks the new run's start)")
+    if resume is None and auto:
+        raise RunFolderError(
+            f"{folder} holds {names} of an earlier run but no last.h5 or iter_<N>.h5 to "
+            f"resume from: {force}, or write to another folder with `-o`.")
     start = (f"resuming from {resume} would continue another run in" if resume else
              "a new run would overwrite the checkpoints of the run in")
     raise RunFolderError(
         f"{start} {folder} (it holds {names}). Either continue that run with "
-        f"`--resume auto`, start over with `--force` (deletes its last.h5, best.h5 and "
-        f"iter_<N>.h5; metrics.jsonl is kept and marks the new run's start), or write to "
-        f"another folder with `-o`.")
+        f"`--resume auto`, {force}, or write to another folder with `-o`.")
 
 
 def clear(folder: str | os.PathLike) -> list[Path]:

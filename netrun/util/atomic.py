@@ -16,7 +16,9 @@ def temp_path_beside(path: str | os.PathLike) -> Path:
     """A fresh temporary name in the target's folder (the rename must not cross filesystems).
 
     Unique per call, so an interrupted write's leftover never blocks the next one and
-    concurrent writers never share a file. Hidden (leading dot) so globs skip it.
+    concurrent writers never share a file. Hidden (leading dot) so globs skip it. The pid in
+    the name lets the next run in a folder remove what a killed writer left, and only that
+    (netrun.train.run_folder.remove_stale_temps matches `.NAME.tmp-PID-HEX8`).
     """
     path = Path(path)
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from netrun.cli import cli
 from netrun.train import checkpoint as ckpt
 from netrun.train import run_folder
-from netrun.train.config import load_config
 from netrun.train import trainer as training
+from netrun.train.config import load_config
 from netrun.train.trainer import Callbacks, Trainer
 
 
@@ -68,6 +68,17 @@ def test_resume_auto_falls_back_to_the_newest_numbered_checkpoint(tiny_config, t
     r = run(tiny_config, "--max-iter", "5", "--resume", "auto")
     assert r.exit_code == 0, r.output
     assert "resumed from" in r.output and "iter_4.h5" in r.output
+
+
+def test_resume_auto_with_only_a_best_checkpoint_says_so(tiny_config, tmp_path):
+    out = tmp_path / "run"
+    assert run(tiny_config, "--max-iter", "2").exit_code == 0
+    for name in ("last.h5", "iter_2.h5"):
+        (out / name).unlink()
+    r = run(tiny_config, "--max-iter", "3", "--resume", "auto")
+    assert r.exit_code == 2, r.output
+    assert "no last.h5 or iter_<N>.h5 to resume from" in " ".join(r.output.split())
+    assert (out / "best.h5").exists()
 
 
 def test_force_starts_over_and_says_what_it_deleted(tiny_config, tmp_path):

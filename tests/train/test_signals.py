@@ -19,7 +19,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import pytest
 
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import load_config
@@ -56,7 +55,8 @@ def _arrays_and_state(path) -> tuple[dict, dict]:
 def _assert_same_state(path, reference) -> None:
     arrays, state = _arrays_and_state(path)
     ref_arrays, ref_state = _arrays_and_state(reference)
-    assert state == ref_state, f"{path}: {state['data']} vs an uninterrupted run's {ref_state['data']}"
+    assert state == ref_state, (f"{path}: loader at {state['data']}, an uninterrupted run's "
+                                f"at {ref_state['data']}")
     assert arrays.keys() == ref_arrays.keys()
     for name in arrays:
         np.testing.assert_array_equal(arrays[name], ref_arrays[name], err_msg=f"{path}: {name}")
@@ -64,7 +64,8 @@ def _assert_same_state(path, reference) -> None:
 
 def _claims(err: str) -> list[tuple[Path, int]]:
     """Every (file, iteration) a message says was written."""
-    found = [(Path(p), int(i)) for p, i in re.findall(r"checkpoint saved: (\S+) \(iteration (\d+)\)", err)]
+    found = [(Path(p), int(i)) for p, i in
+             re.findall(r"checkpoint saved: (\S+) \(iteration (\d+)\)", err)]
     found += [(Path(p), int(i)) for i, p in
               re.findall(r"after iteration (\d+), whose checkpoint had been written: (\S+)", err)]
     found += [(Path(p), int(i)) for p, i in
