@@ -83,9 +83,11 @@ def test_signals_leave_one_consistent_checkpoint_and_tell_the_truth(tiny_config,
              for k, (_, _, _, snapshot) in enumerate(TRIES)]
     results, heads = [], []
     try:
-        for proc in procs:
-            heads.append([proc.stderr.readline(), proc.stderr.readline()])
-            assert b"iter" in heads[-1][1], b"".join(heads[-1]) + proc.stderr.read()   # training
+        for proc in procs:              # wait until each is training (display lines)
+            heads.append([proc.stderr.readline()])
+            while heads[-1][-1] and not heads[-1][-1].startswith(b"iter"):
+                heads[-1].append(proc.stderr.readline())
+            assert heads[-1][-1], b"".join(heads[-1])      # b"": it ended before training
         for proc, (first, second, gap_ms, _) in zip(procs, TRIES):
             time.sleep(float(rng.uniform(0.0, 0.1)))
             proc.send_signal(first)
