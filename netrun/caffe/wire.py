@@ -122,7 +122,8 @@ def parse_blob(buf: memoryview) -> np.ndarray:
         shape = tuple(legacy.get(k, 0) for k in (1, 2, 3, 4))
     else:
         shape = (data.size,)
-    if any(d < 0 for d in shape):
+    # BlobShape.dim is an int64: a varint of 2**63 or more is a negative dimension.
+    if any(not 0 <= d < 2**63 for d in shape):
         raise WireError(f"a blob has a negative dimension in its shape {shape}")
     # Python ints: dims whose product overflows int64 must not wrap into a plausible count.
     if math.prod(shape) != data.size:

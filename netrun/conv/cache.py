@@ -16,6 +16,7 @@ warned about once per file and the run goes on with the entries in memory.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import threading
@@ -102,6 +103,8 @@ class Entry:
     @classmethod
     def from_json(cls, data: dict) -> "Entry":
         times = {str(k): float(v) for k, v in dict(data["times_ms"]).items()}
+        if not all(math.isfinite(t) and t >= 0 for t in times.values()):
+            raise ValueError("a time is negative or not finite")
         return cls(times, [str(s) for s in data.get("skipped", [])], data.get("limit"),
                    float(data.get("created", 0.0)))
 
@@ -211,7 +214,7 @@ def _read_checked(path: Path, warn: bool = False) -> tuple[dict[str, Entry], boo
     """(entries, whether the file is usable); a missing file is usable and empty."""
     try:
         data_bytes = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return {}, True
     except OSError as e:
         _warn(path, f"cannot be read ({e})", warn)
