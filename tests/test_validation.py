@@ -368,8 +368,8 @@ def test_caffemodel_blob_sizes_are_checked(dims, values, fragment):
 
 # Algorithm cache --------------------------------------------------------------------------
 @pytest.mark.parametrize("content", [b'{"format": "\xff\xfe"}', b"{not json", b"[" * 100000,
-                                     b'{"format": "netrun-algo-cache", "version": 1, '
-                                     b'"entries": {"k": {"times_ms": {"a": 1e999999}}}}'])
+                                     (b'{"format": "netrun-algo-cache", "version": 1, '
+                                      b'"entries": {"k": {"times_ms": {"a": 1e999999}}}}')])
 def test_a_bad_cache_file_is_set_aside_and_rebuilt(tmp_path, content):
     path = algo_cache.cache_file(tmp_path, "cpu", "dev")
     path.write_bytes(content)

@@ -5,7 +5,7 @@ import copy
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -252,8 +252,8 @@ _SOLVER_RULES: dict[str, tuple[str, Any, str]] = {
     "iter_size": ("int", _range(1), "passes accumulated per update"),
     "average_loss": ("int", _range(1), "iterations the printed loss averages"),
     "seed": ("int", (lambda x: 0 <= x <= SEED_MAX, "between 0 and 2**63 - 1"),
-             "runs are reproducible: pick any number (Caffe's -1, a random seed, is not "
-             "supported)"),
+             ("runs are reproducible, so pick any seed; Caffe's -1, a random seed, is not "
+              "supported")),
     "test_initialization": ("bool", None, ""),
     "type": ("str", None, ""),
     "regularization_type": ("str", None, ""),
