@@ -63,6 +63,10 @@ class ConfigError(NetrunError):
     """A training or model config with a missing, unknown or ill-typed key."""
 
 
+class MemoryLimitError(NetrunError):
+    """Tensors a net would allocate that do not fit the memory budget (netrun.core.budget)."""
+
+
 class InternalError(RuntimeError):
     """A failure inside netrun's own code that no input explains: a bug to report, never the
     user's mistake (the CLI exits 1 with a request to report it, not 2)."""

@@ -19,7 +19,7 @@ from netrun.errors import ConfigError, NetrunError
 from netrun.model import load_model
 from netrun.ops.lr_policy import LRPolicy
 from netrun.proto.textformat import parse_file
-from netrun.train.config import SolverConfig, TrainConfig
+from netrun.train.config import SolverConfig, TrainConfig, check_data, check_solver
 
 # Caffe's solver type names -> netrun's; AdaDelta has no netrun update op.
 TYPES = {"SGD": "sgd", "NESTEROV": "nesterov", "ADAGRAD": "adagrad", "RMSPROP": "rmsprop",
@@ -59,6 +59,9 @@ def solver_to_config(path: str | Path, data_override: dict | None = None,
         net = _net_path(f, path)
         solver = _solver(f, notes)
         output = _output(f, path)
+        for key, problem in check_solver(solver):   # a YAML config's ranges (momentum < 1...)
+            problems.add(f"solver: {'random_seed' if key == 'seed' else key}: {problem}",
+                         f.position("random_seed" if key == "seed" else key))
     except Skip as e:
         problems.add(e.problem.message, e.problem.position)
         net = solver = output = None
@@ -71,6 +74,7 @@ def solver_to_config(path: str | Path, data_override: dict | None = None,
     problems.raise_if_any(f"Caffe solver {path}")
     model = load_model(net)
     data = data_config(model, data_override, path.parent)
+    check_data(data)   # batch sizes >= 1, known keys for the source (as a YAML config's)
     raw = {"model": str(net), "data": _json_safe(data), "solver": vars(solver).copy(),
            "device": "cpu", "output": output, "caffe_solver": str(path), "notes": notes}
     if weights:

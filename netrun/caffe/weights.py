@@ -9,6 +9,8 @@ divides by the factor itself.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,7 +95,7 @@ def _fits(blob: np.ndarray, shape: tuple[int, ...]) -> bool:
     """Same shape, or Caffe's legacy 4-D form of it (1×1×N×K for an N×K weight)."""
     if blob.shape == shape:
         return True
-    if blob.size != int(np.prod(shape, dtype=np.int64)):
+    if blob.size != math.prod(shape):   # Python ints: no int64 overflow
         return False
     return _squeeze(blob.shape) == _squeeze(shape)
 

@@ -12,6 +12,7 @@ BlobProto. Field numbers are Caffe's (caffe.proto):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -121,8 +122,13 @@ def parse_blob(buf: memoryview) -> np.ndarray:
         shape = tuple(legacy.get(k, 0) for k in (1, 2, 3, 4))
     else:
         shape = (data.size,)
-    if int(np.prod(shape, dtype=np.int64)) != data.size:
-        raise WireError(f"a blob of shape {shape} holds {data.size} values")
+    # BlobShape.dim is an int64: a varint of 2**63 or more is a negative dimension.
+    if any(not 0 <= d < 2**63 for d in shape):
+        raise WireError(f"a blob has a negative dimension in its shape {shape}")
+    # Python ints: dims whose product overflows int64 must not wrap into a plausible count.
+    if math.prod(shape) != data.size:
+        raise WireError(f"a blob of shape {shape} ({math.prod(shape):,} values) holds "
+                        f"{data.size:,} values")
     return data.reshape(shape)
 
 

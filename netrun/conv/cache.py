@@ -9,11 +9,14 @@ Files live in NETRUN_CACHE_DIR (default: $XDG_CACHE_HOME/netrun/algos, i.e.
 ~/.cache/netrun/algos). Writes take an fcntl lock on `<file>.lock`, re-read the file, merge
 their entries in and replace the file atomically (temp file, fsync, rename), so concurrent
 writers never lose each other's entries and a reader never sees half a file. A corrupt or
-foreign-version file is ignored with a warning and rebuilt by the next write.
+foreign-version file is ignored with a warning; the next write sets it aside as
+`<file>.bad` and starts a new one. A folder that cannot be written (read-only, full) is
+warned about once per file and the run goes on with the entries in memory.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import threading
@@ -100,6 +103,8 @@ class Entry:
     @classmethod
     def from_json(cls, data: dict) -> "Entry":
         times = {str(k): float(v) for k, v in dict(data["times_ms"]).items()}
+        if not all(math.isfinite(t) and t >= 0 for t in times.values()):
+            raise ValueError("a time is negative or not finite")
         return cls(times, [str(s) for s in data.get("skipped", [])], data.get("limit"),
                    float(data.get("created", 0.0)))
 
@@ -112,6 +117,7 @@ class AlgoCache:
         self.backend, self.device_name = backend, device_name
         self.entries: dict[str, Entry] = {}
         self._loaded = False
+        self._unwritable = False   # warned once: later entries stay in memory only
 
     def load(self) -> None:
         """Read the file (once); a bad file is reported and treated as empty."""
@@ -131,12 +137,25 @@ class AlgoCache:
             self.flush({key: entry})
 
     def flush(self, new: dict[str, Entry]) -> None:
-        """Merge `new` into the file: lock, re-read, update, write a temp file, rename."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with _file_lock(self.path):
-            merged = _read(self.path, warn=False)
-            merged.update(new)
-            _write(self.path, merged, self.backend, self.device_name)
+        """Merge `new` into the file: lock, re-read, update, write a temp file, rename. A
+        file that cannot be written is warned about (once) and the entries kept in memory."""
+        if self._unwritable:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with _file_lock(self.path):
+                merged, usable = _read_checked(self.path)
+                if not usable:   # keep the bad file for a look, out of the way
+                    os.replace(self.path, self.path.with_name(self.path.name + ".bad"))
+                merged.update(new)
+                _write(self.path, merged, self.backend, self.device_name)
+        except OSError as e:
+            self._unwritable = True
+            warnings.warn(f"cannot write the algorithm cache {self.path} "
+                          f"({e.strerror or e}); this run keeps its measurements in memory "
+                          f"only (set NETRUN_CACHE_DIR to a writable folder to keep them)",
+                          AlgoCacheWarning, stacklevel=3)
+            return
         self.entries = {**merged, **self.entries}
 
 
@@ -167,9 +186,9 @@ def read_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Entry]]:
     path = Path(path)
     header: dict[str, Any] = {}
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_bytes().decode("utf-8"))
         header = {k: raw.get(k) for k in ("format", "version", "backend", "device")}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         pass
     return header, _read(path, warn=True)
 
@@ -187,24 +206,32 @@ def clear(cache_dir: str | Path | None = None) -> list[Path]:
 
 # Files --------------------------------------------------------------------------------------
 def _read(path: Path, warn: bool) -> dict[str, Entry]:
+    entries, _ = _read_checked(path, warn)
+    return entries
+
+
+def _read_checked(path: Path, warn: bool = False) -> tuple[dict[str, Entry], bool]:
+    """(entries, whether the file is usable); a missing file is usable and empty."""
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
+        data_bytes = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return {}, True
     except OSError as e:
         _warn(path, f"cannot be read ({e})", warn)
-        return {}
+        return {}, True   # unreadable is not corrupt: leave it where it is
     try:
-        data = json.loads(text)
+        data = json.loads(data_bytes.decode("utf-8"))
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError("it is not a netrun algorithm cache")
         if data.get("version") != VERSION:
             raise ValueError(f"it has format version {data.get('version')!r}, this netrun "
                              f"reads version {VERSION}")
-        return {str(k): Entry.from_json(v) for k, v in dict(data["entries"]).items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return {str(k): Entry.from_json(v) for k, v in dict(data["entries"]).items()}, True
+    # UnicodeDecodeError is a ValueError; deep nesting makes json raise RecursionError.
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError,
+            RecursionError) as e:
         _warn(path, f"is unusable ({e})", warn)
-        return {}
+        return {}, False
 
 
 def _warn(path: Path, why: str, warn: bool) -> None:

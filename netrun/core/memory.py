@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from netrun.core import budget
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.core.shape_inference import infer_op
 from netrun.proto.defs import NetDef
@@ -327,6 +328,18 @@ class WorkspaceMemory:
         return np.ndarray(shape, dt, buffer=block, offset=start)
 
     # Planning ---------------------------------------------------------------------------
+    def check_run(self, net: NetDef, blobs: Mapping[str, Any]) -> None:
+        """Refuse a run of `net` (an init net) whose outputs exceed the memory budget, before
+        any is allocated; blobs it cannot size yet are left to the run."""
+        known = {name: TensorSpec(tuple(v.shape), str(v.dtype)) for name, v in blobs.items()
+                 if self.backend.is_array(v)}
+        try:
+            plan = plan_net(net, known, dict(known))
+        except UnknownInput:
+            return
+        total = sum(s.nbytes for s in plan.outputs)
+        budget.check(total, f"net '{net.name}' ({len(plan.outputs)} tensors)")
+
     @property
     def pending(self) -> list[NetDef]:
         """Bound nets whose plan waits for the shape of a blob not fed yet."""
@@ -359,9 +372,11 @@ class WorkspaceMemory:
         except UnknownInput as e:
             self._waiting.setdefault(e.name, []).append(net)
             return
+        total = sum(_aligned(max(s.nbytes, 1)) for s in plan.outputs)
+        budget.check(total + plan.scratch, f"binding net '{net.name}' (its outputs and "
+                                           f"scratch)")
         written = {n: s for n, s in buffers.items() if n not in blobs}
         self._future.update(written)
-        total = sum(_aligned(max(s.nbytes, 1)) for s in plan.outputs)
         # A net bound again under its name replaces its plan: the old block's unclaimed room
         # goes (the buffers carved from it live on in their blobs).
         old = self._plan_blocks.pop(net.name, None)

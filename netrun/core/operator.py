@@ -87,7 +87,8 @@ class Operator:
         self.ctx._inputs = inputs
         try:
             result = self.kernel(self.ctx, *inputs)
-        except (NetrunError, MemoryError):
+        # OSError: the file system's answer to an I/O op (disk full, read-only), not a bug.
+        except (NetrunError, MemoryError, OSError):
             raise
         except Exception as e:
             raise self._diagnose(inputs, e) from e

@@ -1,6 +1,7 @@
 """OpSchema: what an operator accepts, how its shapes and costs follow from its inputs."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -23,7 +24,8 @@ class TensorSpec:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        # Python ints: a product past int64 must not wrap (np.prod would, silently).
+        return math.prod(int(d) for d in self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -112,9 +112,12 @@ class Workspace:
             net.run()
 
     def run_net_once(self, net: NetDef) -> None:
-        """Create and run a net once without keeping it (init nets)."""
+        """Create and run a net once without keeping it (init nets); its outputs must fit
+        the memory budget (netrun.core.budget) before any is allocated."""
         self.backend.activate()
-        SimpleNet(net, self).run()
+        bound = SimpleNet(net, self)
+        self.memory.check_run(net, self._blobs)
+        bound.run()
 
     def nets(self) -> list[str]:
         """Names of the nets created in this workspace, sorted."""

@@ -32,6 +32,25 @@ FILLERS: dict[str, tuple[str, tuple[str, ...]]] = {
 Filler = str | Mapping[str, Any]
 Mult = float | Sequence[float]   # one value for all of a layer's params, or one per param
 ONE: Mapping[str, Any] = MappingProxyType({"type": "constant", "value": 1.0})
+# The largest channel or output count a layer may ask for (Caffe's int32 blob dims); bigger
+# values are typos, and their products would overflow before any memory check could run.
+MAX_UNITS = 2**31 - 1
+
+
+class OptionError(NetrunError):
+    """A layer option with a bad value; `key` names the option so readers can point at it."""
+
+    def __init__(self, message: str, key: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _units(layer: str, key: str, value: int) -> int:
+    """A count of outputs or groups: an integer from 1 to MAX_UNITS."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_UNITS:
+        raise OptionError(f"layer '{layer}': '{key}' must be an integer from 1 to "
+                          f"{MAX_UNITS:,}, got {value!r}", key)
+    return value
 
 
 class ModelBuilder:
@@ -144,8 +163,14 @@ class ModelBuilder:
              lr_mult: Mult = 1.0, decay_mult: Mult = 1.0, output: str | None = None) -> str:
         """2-D convolution (NCHW); W is num_output × C/group × kh × kw."""
         x, spec = self._input(name, input, ndim=4)
+        _units(name, "num_output", num_output)
+        _units(name, "group", group)
+        channels = spec.shape[1]
+        if channels % group or num_output % group:
+            raise OptionError(f"layer '{name}': group {group} must divide the {channels} input "
+                              f"channels and the {num_output} outputs", "group")
         kh, kw = _pair(kernel)
-        params = self._weight_bias(name, (num_output, spec.shape[1] // group, kh, kw),
+        params = self._weight_bias(name, (num_output, channels // group, kh, kw),
                                    (num_output,), bias, weight_filler, bias_filler,
                                    lr_mult, decay_mult)
         args = {**_spatial("kernel", "kernels", kernel), **_spatial("stride", "strides", stride, 1),
@@ -161,6 +186,7 @@ class ModelBuilder:
            lr_mult: Mult = 1.0, decay_mult: Mult = 1.0, output: str | None = None) -> str:
         """Fully connected: the input is flattened from `axis` on; W is num_output × K."""
         x, spec = self._input(name, input)
+        _units(name, "num_output", num_output)
         k = 1
         for d in spec.shape[axis:]:
             k *= d

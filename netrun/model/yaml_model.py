@@ -25,7 +25,7 @@ from netrun.proto.yaml_marks import (
     expect_type,
     load_yaml,
 )
-from netrun.util.files import read_text
+from netrun.util import safe_yaml
 
 MODEL_KEYS = ("name", "description", "inputs", "layers", "loss", "metrics", "predict")
 RAW_MODEL_KEYS = ("name", "description", "inputs", "ops", "init_ops", "predict_ops", "loss",
@@ -36,7 +36,7 @@ DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8")
 
 def model_from_yaml_file(path: str | Path, data_inputs: list[str] | None = None) -> Model:
     """Load a model YAML file (layer or raw form), or a NetDef written as YAML."""
-    return model_from_yaml(read_text(path), str(path), data_inputs)
+    return model_from_yaml(safe_yaml.read_text(path), str(path), data_inputs)
 
 
 def model_from_yaml(text: str, filename: str | None = None,
@@ -149,6 +149,9 @@ def _call(b: ModelBuilder, node: MarkedDict, table: dict, what: str,
         raise
     except NetrunError as e:
         message = str(e) if f"'{name}'" in str(e) else f"{label}: {e}"
+        key = getattr(e, "key", None)   # builder.OptionError: point at the option's value
+        if key in node:
+            raise error_at(node, message, key, value=True) from e
         raise error_at(node, message) from e
 
 

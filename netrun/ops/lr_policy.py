@@ -59,11 +59,11 @@ class LRPolicy:
         for key, value in cfg.items():
             name = "type" if key == "policy" else key
             if name not in known:
-                raise ConfigError(f"lr_policy: unknown key '{key}'{suggest(key, known)} "
-                                  f"(known: {', '.join(sorted(known))})")
+                raise _error(f"lr_policy: unknown key '{key}'{suggest(key, known)} "
+                             f"(known: {', '.join(sorted(known))})", key)
             if name in values:
-                raise ConfigError("lr_policy: give the policy as 'type' or 'policy', not both")
-            if value is not None:
+                raise _error("lr_policy: give the policy as 'type' or 'policy', not both", key)
+            if value is not None:   # (a config's `gamma: null` is refused by its reader)
                 values[name] = value
         for key, value in defaults.items():
             if key not in known:
@@ -125,8 +125,16 @@ _INT_KEYS = ("stepsize", "max_iter", "warmup_iters")
 _FLOAT_KEYS = ("base_lr", "gamma", "power", "warmup_start")
 
 
+def _error(message: str, key: str | None = None) -> ConfigError:
+    """A ConfigError that remembers the key at fault, so a config reader can point at it."""
+    error = ConfigError(message)
+    error.key = key   # type: ignore[attr-defined]
+    return error
+
+
 def _coerce(key: str, value: Any) -> Any:
-    bad = ConfigError(f"lr_policy: '{key}' must be {_KIND.get(key, 'a string')}, got {value!r}")
+    bad = _error(f"lr_policy: '{key}' must be {_KIND.get(key, 'a string')}, got {value!r}",
+                 key)
     if key == "type":
         if not isinstance(value, str):
             raise bad
@@ -136,7 +144,7 @@ def _coerce(key: str, value: Any) -> Any:
         return tuple(_as_int(v, bad) for v in items)
     if key in _INT_KEYS:
         return _as_int(value, bad)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise bad
     return float(value)
 
@@ -157,22 +165,32 @@ def _as_int(value: Any, bad: ConfigError) -> int:
 
 def _validate(p: LRPolicy) -> None:
     if p.type not in POLICIES:
-        raise ConfigError(f"lr_policy: unknown policy '{p.type}'{suggest(p.type, POLICIES)} "
-                          f"(known: {', '.join(POLICIES)})")
+        raise _error(f"lr_policy: unknown policy '{p.type}'{suggest(p.type, POLICIES)} "
+                     f"(known: {', '.join(POLICIES)})", "type")
     for key in _NEEDS[p.type]:
         if getattr(p, key) in (None, ()):
-            raise ConfigError(f"lr_policy '{p.type}' needs '{key}'")
+            raise _error(f"lr_policy '{p.type}' needs '{key}'", "type")
     if p.base_lr < 0:
-        raise ConfigError(f"lr_policy: base_lr must be >= 0, got {p.base_lr} (netrun negates "
-                          f"it for the update ops; do not pass Caffe2's negative rate)")
+        raise _error(f"lr_policy: base_lr must be >= 0, got {p.base_lr} (netrun negates "
+                     f"it for the update ops; do not pass Caffe2's negative rate)", "base_lr")
+    # A negative gamma flips the rate's sign (step, exp) or takes a negative number to a
+    # fractional power (inv); only sigmoid uses its sign (a falling curve).
+    if p.type in ("step", "multistep", "exp") and p.gamma <= 0:
+        raise _error(f"lr_policy '{p.type}': gamma must be > 0, got {p.gamma}", "gamma")
+    if p.type == "inv" and p.gamma < 0:
+        raise _error(f"lr_policy 'inv': gamma must be >= 0, got {p.gamma}", "gamma")
+    if p.type == "poly" and p.power < 0:
+        raise _error(f"lr_policy 'poly': power must be >= 0, got {p.power}", "power")
     if p.type == "step" and p.stepsize <= 0:
-        raise ConfigError(f"lr_policy 'step': stepsize must be > 0, got {p.stepsize}")
+        raise _error(f"lr_policy 'step': stepsize must be > 0, got {p.stepsize}", "stepsize")
     if p.type == "poly" and p.max_iter <= 0:
-        raise ConfigError(f"lr_policy 'poly': max_iter must be > 0, got {p.max_iter}")
+        raise _error(f"lr_policy 'poly': max_iter must be > 0, got {p.max_iter}", "max_iter")
     if p.type == "multistep" and list(p.stepvalues) != sorted(p.stepvalues):
-        raise ConfigError(f"lr_policy 'multistep': stepvalues must be increasing, "
-                          f"got {list(p.stepvalues)}")
+        raise _error(f"lr_policy 'multistep': stepvalues must be increasing, "
+                     f"got {list(p.stepvalues)}", "stepvalues")
     if p.warmup_iters < 0:
-        raise ConfigError(f"lr_policy: warmup_iters must be >= 0, got {p.warmup_iters}")
+        raise _error(f"lr_policy: warmup_iters must be >= 0, got {p.warmup_iters}",
+                     "warmup_iters")
     if not 0.0 <= p.warmup_start <= 1.0:
-        raise ConfigError(f"lr_policy: warmup_start must be in [0, 1], got {p.warmup_start}")
+        raise _error(f"lr_policy: warmup_start must be in [0, 1], got {p.warmup_start}",
+                     "warmup_start")

@@ -12,14 +12,15 @@ import yaml
 
 from netrun.errors import ParseError, suggest
 from netrun.proto.defs import ArgValue, NetDef, OperatorDef, normalize_arg
+from netrun.util import safe_yaml
 
 _NET_KEYS = ("name", "external_inputs", "external_outputs", "ops")
 _OP_KEYS = ("type", "inputs", "outputs", "args", "name", "device", "engine")
 _STR = "tag:yaml.org,2002:str"
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads `1e-5` as a float (YAML 1.1 wants `1.0e-5`)."""
+class _Loader(safe_yaml.LimitedLoader):
+    """The size-limited SafeLoader; also reads `1e-5` as a float (YAML 1.1 wants `1.0e-5`)."""
 
 
 class _Dumper(yaml.SafeDumper):
@@ -102,17 +103,9 @@ class _Reader:
         return ParseError(message, self.file, line + 1, column + 1, source)
 
     def net(self) -> NetDef:
-        try:
-            root = yaml.compose(self.text, Loader=_Loader)
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            context = f" ({e.context})" if e.context and e.problem else ""
-            raise self.at(f"{e.problem or e.context}{context}", mark.line, mark.column) from None
-        except yaml.reader.ReaderError as e:  # a control character YAML does not allow
-            pos = e.position  # e.character is the code point: we always pass str, not bytes
-            raise self.at(f"unacceptable character U+{e.character:04X}: {e.reason}",
-                          self.text.count("\n", 0, pos),
-                          pos - (self.text.rfind("\n", 0, pos) + 1)) from None
+        # Limits (depth, aliases, string length) and error positions: netrun.util.safe_yaml.
+        loader, root = safe_yaml.compose(self.text, self.file, _Loader)
+        loader.dispose()
         if root is None:
             raise ParseError("empty file: expected a NetDef mapping (name, ops, ...)", self.file)
         keys = self.mapping(root, _NET_KEYS, "NetDef")

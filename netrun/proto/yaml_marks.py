@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import yaml
 
 from netrun.errors import ParseError, suggest
+from netrun.util import safe_yaml
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ class MarkedList(list):
         self.item_marks: list[Mark] = []
 
 
-class _MarkingLoader(yaml.SafeLoader):
-    """SafeLoader that builds MarkedDict/MarkedList and refuses duplicate keys."""
+class _MarkingLoader(safe_yaml.LimitedLoader):
+    """The size-limited SafeLoader, building MarkedDict/MarkedList and refuses duplicate keys."""
 
     filename: str | None = None
     lines: list[str] = []
@@ -102,35 +103,17 @@ _MarkingLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG,
 
 
 def load_yaml(text: str, filename: str | None = None) -> Any:
-    """Parse one YAML document into marked containers; syntax errors become ParseError."""
-    loader = _MarkingLoader(text)
+    """Parse one YAML document into marked containers, within netrun.util.safe_yaml's limits;
+    every error is a ParseError with file:line:col."""
+    loader, root = safe_yaml.compose(text, filename, _MarkingLoader)
     loader.filename = filename
-    loader.lines = text.splitlines()
-    try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as e:
-        m = e.problem_mark or e.context_mark
-        problem = e.problem or e.context or "invalid YAML"
-        if e.context and e.problem:
-            problem = f"{e.problem} ({e.context})"
-        if m is None:
-            raise ParseError(f"invalid YAML: {problem}", filename) from None
-        raise loader.mark(m).error(f"invalid YAML: {problem}") from None
-    except yaml.YAMLError as e:  # reader errors (bad bytes) have no line/column
-        raise ParseError(f"invalid YAML: {e}", filename) from None
-    finally:
-        loader.dispose()
+    loader.lines = safe_yaml.source_lines(text)
+    return safe_yaml.construct(loader, root, filename, text)
 
 
 def load_yaml_file(path: str | Path) -> Any:
-    """Read and parse a YAML file; a missing file is a ParseError naming it."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ParseError(f"cannot read file: {e.strerror or e}", str(path)) from None
-    except UnicodeDecodeError as e:
-        raise ParseError(f"not a UTF-8 text file ({e.reason})", str(path)) from None
-    return load_yaml(text, str(path))
+    """Read (UTF-8, size-checked) and parse a YAML file; errors are ParseErrors naming it."""
+    return load_yaml(safe_yaml.read_text(path), str(path))
 
 
 def mark_of(node: Any, key: Any = None, value: bool = False) -> Mark | None:

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import yaml
-
-from netrun.errors import ConfigError, ParseError, suggest
+from netrun.errors import ConfigError, NetrunError, suggest
+from netrun.ops.lr_policy import LRPolicy
+from netrun.proto.yaml_marks import MarkedDict, load_yaml, load_yaml_file, mark_of
+from netrun.train.data import data_keys
+from netrun.train.data.transforms import KEYS as TRANSFORM_KEYS
 
 _ENV = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
@@ -63,9 +66,10 @@ class TrainConfig:
     path: str | None = None
 
 
-_TOP_KEYS = {"model", "data", "solver", "device", "output", "algo_search", "name", "weights"}
+_TOP_KEYS = ("model", "data", "solver", "device", "output", "algo_search", "name", "weights")
 # Keys a config made from a Caffe solver carries for the record.
-_RECORD_KEYS = {"caffe_solver", "notes"}
+_RECORD_KEYS = ("caffe_solver", "notes")
+SEED_MAX = 2**63 - 1
 
 
 def set_path(cfg: dict, dotted: str, value: Any) -> None:
@@ -77,6 +81,9 @@ def set_path(cfg: dict, dotted: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"--set {dotted}: '{k}' is not a section")
     node[keys[-1]] = value
+    if isinstance(node, MarkedDict):   # the value is no longer the file's: errors name --set
+        node.value_marks.pop(keys[-1], None)
+        node.key_marks.pop(keys[-1], None)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -85,25 +92,19 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"--set '{text}': expected KEY.PATH=VALUE")
     key, value = text.split("=", 1)
     try:
-        return key.strip(), yaml.safe_load(value)
-    except yaml.YAMLError:
+        # The config reader's YAML (limits; `1e-3` is a number, as in the file).
+        return key.strip(), load_yaml(value, f"--set {key.strip()}")
+    except NetrunError:
         return key.strip(), value
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> TrainConfig:
-    """Read a train config YAML, apply overrides, and validate it."""
+    """Read a train config YAML, apply overrides, and validate it; every error names the
+    file, line and column of the value at fault (or the --set that gave it)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read config '{path}': {e.strerror}") from None
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        lines = text.splitlines()
-        raise ParseError(str(e.problem), str(path), mark.line + 1, mark.column + 1,
-                         lines[mark.line] if mark.line < len(lines) else None) from None
+    raw = load_yaml_file(path)      # UTF-8, size, depth and alias limits: netrun.util.safe_yaml
+    if raw is None:
+        raw = MarkedDict()
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a train config is a mapping with model, data and solver")
     raw = copy.deepcopy(raw)
@@ -120,10 +121,11 @@ def with_overrides(cfg: TrainConfig, overrides: list[str], data: dict | None = N
     raw["model"] = cfg.model                # already resolved: keep it as it is
     raw["output"] = cfg.output
     # The live data section, not raw's record of it (a Caffe mean image is an array here).
-    raw["data"] = copy.deepcopy(cfg.data)
+    live = copy.deepcopy(cfg.data)
     if data:
-        raw["data"] = {**{k: v for k, v in (raw.get("data") or {}).items()
-                          if k not in ("source", "split", "dir")}, **data}
+        live = {**{k: v for k, v in (live or {}).items()
+                   if k not in ("source", "split", "dir")}, **data}
+    raw["data"] = live
     for item in overrides:
         set_path(raw, *parse_override(item))
     out = config_from_dict(raw, None)
@@ -133,17 +135,30 @@ def with_overrides(cfg: TrainConfig, overrides: list[str], data: dict | None = N
 
 def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     """Validate a config mapping; relative paths resolve against the config's folder."""
-    where = f"{path}: " if path else ""
-    for key in raw:
-        if key not in _TOP_KEYS | _RECORD_KEYS:
-            raise ConfigError(f"{where}unknown key '{key}'{suggest(key, _TOP_KEYS)}")
+    check = _Checker(f"{path}: " if path else "")
+    check.keys(raw, (*_TOP_KEYS, *_RECORD_KEYS), "", "the config", shown=_TOP_KEYS)
     if "model" not in raw:
-        raise ConfigError(f"{where}missing 'model' (path to a .yaml, .pbtxt or .prototxt model)")
+        raise check.fail(raw, None, "", "missing 'model' (path to a .yaml, .pbtxt or .prototxt "
+                                         "model)")
+    for key in ("model", "device", "output", "algo_search"):
+        if key in raw and not isinstance(raw[key], (str, os.PathLike)):
+            raise check.fail(raw, key, key, f"expected a string, got {raw[key]!r}")
     base = path.parent if path else Path.cwd()
     model = Path(expand(str(raw["model"])))
     model = Path(os.path.normpath(model if model.is_absolute() else base / model))
-    solver = _solver(raw.get("solver") or {}, where)
-    data = dict(raw.get("data") or {})
+    solver_node = raw.get("solver")
+    if solver_node is None:
+        solver_node = {}
+    if not isinstance(solver_node, dict):
+        raise check.fail(raw, "solver", "solver", "expected a mapping of solver settings")
+    solver = _solver(solver_node, check)
+    data_node = raw.get("data")
+    if data_node is None:
+        data_node = {}
+    if not isinstance(data_node, dict):
+        raise check.fail(raw, "data", "data", "expected a mapping with 'source'")
+    check_data(data_node, check)
+    data = dict(data_node)
     if "dir" in data and isinstance(data["dir"], str):
         data["dir"] = expand(data["dir"])
     # Like the model path, a relative output folder is relative to the config file.
@@ -155,45 +170,219 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
                        path=str(path) if path else None)
 
 
-def _solver(section: dict, where: str) -> SolverConfig:
-    known = {f.name: f for f in fields(SolverConfig)}
-    values = {}
-    for key, value in section.items():
-        if key not in known:
-            raise ConfigError(f"{where}solver: unknown key '{key}'{suggest(key, known)}")
-        f = known[key]
-        default = f.default if f.default is not f.default_factory else None  # type: ignore[misc]
-        values[key] = _coerce(f"solver.{key}", value, f.type, default)
+# Value checks ---------------------------------------------------------------------------------
+class _Checker:
+    """Builds errors at a value's file:line:col (from yaml_marks), else naming its dotted key."""
+
+    def __init__(self, where: str = ""):
+        self.where = where
+
+    def fail(self, node: Any, key: Any, dotted: str, message: str) -> NetrunError:
+        """The error for node[key] (key None: the node itself)."""
+        label = f"{dotted}: " if dotted else ""
+        mark = mark_of(node, key, value=True) if key is not None else mark_of(node)
+        if key is not None and isinstance(node, MarkedDict) and key not in node.value_marks:
+            mark = None   # given by --set or by code: the container's line would mislead
+        if mark is None:
+            return ConfigError(f"{self.where}{label}{message}")
+        return mark.error(f"{label}{message}")
+
+    def keys(self, node: dict, known: tuple[str, ...] | list[str], prefix: str, what: str,
+             shown: tuple[str, ...] | list[str] | None = None) -> None:
+        """Refuse the first key of `node` not in `known`, with a did-you-mean hint."""
+        for key in node:
+            if key not in known:
+                hint = suggest(str(key), known)
+                listed = ", ".join(shown if shown is not None else known)
+                mark = mark_of(node, key)
+                if isinstance(node, MarkedDict) and key not in node.key_marks:
+                    mark = None
+                message = f"unknown key '{prefix}{key}' in {what}{hint} (known: {listed})"
+                if mark is None:
+                    raise ConfigError(f"{self.where}{message}")
+                raise mark.error(message)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# Value kinds: name -> (test, what it must be, normalise)
+def _int_value(v: Any) -> int | None:
+    """v as an int if it is a whole number (1e4 is YAML's float 10000.0), else None."""
+    if _is_int(v):
+        return v
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        return int(v)
+    return None
+
+
+def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+           hi_open: bool = False) -> tuple[Callable[[float], bool], str]:
+    def ok(x: float) -> bool:
+        return ((lo is None or (x > lo if lo_open else x >= lo))
+                and (hi is None or (x < hi if hi_open else x <= hi)))
+    if lo is not None and hi is not None:
+        text = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    elif lo is not None:
+        text = f"{'>' if lo_open else '>='} {lo:g}"
+    else:
+        text = f"{'<' if hi_open else '<='} {hi:g}"
+    return ok, text
+
+
+# Solver key -> (kind, range or None, hint shown after a range error)
+_SOLVER_RULES: dict[str, tuple[str, Any, str]] = {
+    "base_lr": ("float", _range(0), "a learning rate"),
+    "momentum": ("float", _range(0, 1, hi_open=True), "the share of the last update kept"),
+    "momentum2": ("float", _range(0, 1, hi_open=True), "Adam's beta2"),
+    "delta": ("float", _range(0, lo_open=True), "the epsilon that keeps a division finite"),
+    "rms_decay": ("float", _range(0, 1, hi_open=True), "RMSProp's decay"),
+    "weight_decay": ("float", _range(0), "an L2 penalty"),
+    "clip_gradients": ("float", None, "a negative value turns clipping off"),
+    "max_iter": ("int", _range(0), "iterations"),
+    "test_interval": ("int", _range(0), "0 tests only at the end"),
+    "test_iter": ("int", _range(0), "0 tests the whole test set"),
+    "display": ("int", _range(0), "0 prints nothing between tests"),
+    "snapshot": ("int", _range(0), "0 snapshots only at the end"),
+    "iter_size": ("int", _range(1), "passes accumulated per update"),
+    "average_loss": ("int", _range(1), "iterations the printed loss averages"),
+    "seed": ("int", (lambda x: 0 <= x <= SEED_MAX, "between 0 and 2**63 - 1"),
+             ("runs are reproducible, so pick any seed; Caffe's -1, a random seed, is not "
+              "supported")),
+    "test_initialization": ("bool", None, ""),
+    "type": ("str", None, ""),
+    "regularization_type": ("str", None, ""),
+    "lr_policy": ("policy", None, ""),
+}
+
+
+def _value(node: dict, key: str, dotted: str, kind: str, rule: Any, hint: str,
+           check: _Checker) -> Any:
+    """node[key] checked against its kind and range, normalised (1e4 -> 10000)."""
+    value = node[key]
+    if kind == "int":
+        out = _int_value(value)
+        if out is None:
+            raise check.fail(node, key, dotted, f"expected a whole number, got {value!r}")
+    elif kind == "float":
+        if not _is_num(value) or not math.isfinite(value):
+            raise check.fail(node, key, dotted, f"expected a finite number, got {value!r}")
+        out = float(value)
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            raise check.fail(node, key, dotted, f"expected true or false, got {value!r}")
+        out = value
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise check.fail(node, key, dotted, f"expected a string, got {value!r}")
+        out = value
+    else:
+        out = value
+    if rule is not None:
+        ok, text = rule
+        if not ok(out):
+            why = f" ({hint})" if hint else ""
+            raise check.fail(node, key, dotted, f"must be {text}, got {value!r}{why}")
+    return out
+
+
+def _solver(section: dict, check: _Checker) -> SolverConfig:
+    check.keys(section, tuple(_SOLVER_RULES), "", "solver")
+    values = {key: _value(section, key, f"solver.{key}", *_SOLVER_RULES[key], check)
+              for key in section}
     cfg = SolverConfig(**values)
     cfg.type = cfg.type.lower()
     if cfg.type not in SolverConfig.TYPES:
-        raise ConfigError(f"{where}solver.type '{cfg.type}' is not one of "
-                          f"{', '.join(SolverConfig.TYPES)}{suggest(cfg.type, SolverConfig.TYPES)}")
-    if isinstance(cfg.lr_policy, str):
-        cfg.lr_policy = {"type": cfg.lr_policy}
-    if cfg.iter_size < 1 or cfg.max_iter < 0:
-        raise ConfigError(f"{where}solver: iter_size must be >= 1 and max_iter >= 0")
+        raise check.fail(section, "type", "solver.type",
+                         f"'{cfg.type}' is not one of {', '.join(SolverConfig.TYPES)}"
+                         f"{suggest(cfg.type, SolverConfig.TYPES)}")
+    cfg.lr_policy = _policy(section, cfg, check)
     return cfg
 
 
-def _coerce(key: str, value: Any, type_name: str, default: Any) -> Any:
+def _policy(section: dict, cfg: SolverConfig, check: _Checker) -> dict:
+    """The lr_policy mapping, checked now (not at the first step) with LRPolicy's rules."""
+    node = section.get("lr_policy", cfg.lr_policy)
+    if isinstance(node, str):
+        node = {"type": node}
+    if not isinstance(node, dict):
+        raise check.fail(section, "lr_policy", "solver.lr_policy",
+                         f"expected a policy name or a mapping {{type: ..., ...}}, got {node!r}")
+    for key, value in node.items():
+        if value is None:   # PyYAML's `gamma:` or `gamma: null`
+            raise check.fail(node, key, f"solver.lr_policy.{key}",
+                             "has no value; give one or leave the key out")
     try:
-        if type_name == "float":
-            return float(value)
-        if type_name == "int":
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if type_name == "bool":
-            return bool(value)
-        if type_name == "str":
-            return str(value)
-        if type_name == "dict":
-            if isinstance(value, (dict, str)):
-                return value
-            raise ValueError
-    except (TypeError, ValueError):
-        pass
-    else:
-        return value
-    raise ConfigError(f"{key}: expected {type_name}, got {value!r}")
+        LRPolicy.from_dict(node, base_lr=cfg.base_lr, max_iter=cfg.max_iter or None)
+    except ConfigError as e:
+        key = getattr(e, "key", None)
+        at = node if key in node else section
+        message = str(e).removeprefix("lr_policy: ").replace("lr_policy '", "policy '", 1)
+        raise check.fail(at, key if key in node else "lr_policy", "solver.lr_policy",
+                         message) from None
+    return node
+
+
+def check_solver(cfg: SolverConfig) -> list[tuple[str, str]]:
+    """(key, problem) for every solver value out of range; for configs not read from YAML
+    (a Caffe solver) whose caller places the errors itself."""
+    problems = []
+    for key, (kind, rule, hint) in _SOLVER_RULES.items():
+        if kind in ("policy", "str"):
+            continue
+        try:
+            _value({key: getattr(cfg, key)}, key, key, kind, rule, hint, _Checker())
+        except NetrunError as e:
+            problems.append((key, str(e).removeprefix(f"{key}: ")))
+    return problems
+
+
+# Key -> (kind, range, hint) of the data section's numbers and flags (other keys: the source).
+_DATA_RULES: dict[str, tuple[str, Any, str]] = {
+    "batch_size": ("int", _range(1), "examples per step"),
+    "test_batch_size": ("int", _range(1), "examples per test batch"),
+    "train_count": ("int", _range(1), ""),
+    "test_count": ("int", _range(1), ""),
+    "num_classes": ("int", _range(1), ""),
+    "seed": ("int", (lambda x: 0 <= x <= SEED_MAX, "between 0 and 2**63 - 1"), ""),
+    "download": ("bool", None, ""),
+    "cache": ("bool", None, ""),
+    "lazy": ("bool", None, ""),
+}
+_TRANSFORM_RULES: dict[str, tuple[str, Any, str]] = {
+    "scale": ("float", None, ""),
+    "crop_size": ("int", _range(0), "0: no crop"),
+    "mirror": ("bool", None, ""),
+}
+
+
+def check_data(node: dict, check: _Checker | None = None) -> None:
+    """Refuse unknown keys (for the source named) and bad sizes in a `data:` section."""
+    check = check or _Checker()
+    source = node.get("source")
+    known = data_keys(source if isinstance(source, str) else None)
+    if known is None:
+        from netrun.train.data import SOURCES
+        raise check.fail(node, "source", "data.source",
+                         f"unknown data source '{source}'{suggest(str(source).lower(), SOURCES)}"
+                         f" (known: {', '.join(sorted(SOURCES))})")
+    what = f"data (source '{source}')" if isinstance(source, str) else "data"
+    check.keys(node, known, "data.", what)
+    for key in node:
+        if key in _DATA_RULES and node[key] is not None:
+            _value(node, key, f"data.{key}", *_DATA_RULES[key], check)
+    transform = node.get("transform")
+    if transform is None:
+        return
+    if not isinstance(transform, dict):
+        raise check.fail(node, "transform", "data.transform",
+                         f"expected a mapping ({', '.join(TRANSFORM_KEYS)}), got {transform!r}")
+    check.keys(transform, TRANSFORM_KEYS, "data.transform.", "data.transform")
+    for key in transform:
+        if key in _TRANSFORM_RULES:
+            _value(transform, key, f"data.transform.{key}", *_TRANSFORM_RULES[key], check)

@@ -144,8 +144,10 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypat
         raise OSError("disk full")
 
     monkeypatch.setattr(cache.json, "dump", crash)
-    with pytest.raises(OSError, match="disk full"):
+    # A cache that cannot be written is not worth stopping a run for: warn, keep it in memory.
+    with pytest.warns(cache.AlgoCacheWarning, match="disk full"):
         store.put("new", Entry({"im2col_gemm": 2.0}))
+    assert store.get("new") is not None
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []
 

@@ -6,6 +6,7 @@ from typing import Any
 from netrun.caffe.context import LayerContext
 from netrun.caffe.fields import Fields
 from netrun.caffe.layers.registry import axis_of, count, layer
+from netrun.model.builder import MAX_UNITS
 
 
 def spatial(t: LayerContext, p: Fields, base: str, single: str, default: int | None
@@ -57,8 +58,9 @@ def convolution(t: LayerContext) -> None:
     if p.get("axis", 1) != 1:
         raise t.skip("only axis 1 (channels) is supported", "convolution_param")
     n = p.get("num_output", None, "int")
-    if n is None or n < 1:
-        raise t.skip("convolution_param needs num_output >= 1", "convolution_param")
+    if n is None or not 1 <= n <= MAX_UNITS:
+        raise t.skip(f"convolution_param needs num_output from 1 to {MAX_UNITS:,}, got {n}",
+                     "convolution_param")
     kernel = spatial(t, p, "kernel_size", "kernel", None)
     stride = spatial(t, p, "stride", "stride", 1)
     pad = spatial(t, p, "pad", "pad", 0)
@@ -136,8 +138,9 @@ def inner_product(t: LayerContext) -> None:
     t.counts(1, 1)
     p = t.f.sub("inner_product_param")
     n = p.get("num_output", None, "int")
-    if n is None or n < 1:
-        raise t.skip("inner_product_param needs num_output >= 1", "inner_product_param")
+    if n is None or not 1 <= n <= MAX_UNITS:
+        raise t.skip(f"inner_product_param needs num_output from 1 to {MAX_UNITS:,}, got {n}",
+                     "inner_product_param")
     shape = t.shape(0)
     axis = axis_of(t, p.get("axis", 1), len(shape), "inner_product_param")
     k = count(shape[axis:])

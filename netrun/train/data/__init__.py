@@ -21,6 +21,35 @@ from netrun.train.data.paths import expand_path, resolve_data_dir
 from netrun.train.data.transforms import Transform, make_transform
 
 
+# Keys of a `data:` section that every source takes (the trainer reads the batch sizes and the
+# transform, `dir` picks the folder), and those each source's factory reads besides.
+COMMON_KEYS = ("source", "dir", "batch_size", "test_batch_size", "transform")
+_MNIST = ("split", "download")
+_FILES = ("train", "test", "data_key", "label_key", "label_dtype", "num_classes")
+SOURCE_KEYS: dict[str, tuple[str, ...]] = {
+    "mnist": _MNIST, "fashion-mnist": _MNIST, "mnist-10k": _MNIST,
+    "cifar10": ("download",), "cifar-10": ("download",),
+    "npz": ("path", *_FILES),
+    "hdf5": (*_FILES, "lazy"), "h5": (*_FILES, "lazy"),
+    "generated": ("seed", "train_count", "test_count", "cache"),
+    "digits": ("seed", "train_count", "test_count", "cache"),
+}
+
+
+def data_keys(source: str | None) -> tuple[str, ...] | None:
+    """The keys a `data:` section for `source` may hold (no source: those of any source);
+    None for a name that is not a registered source."""
+    if source is None:
+        extra = dict.fromkeys(k for keys in SOURCE_KEYS.values() for k in keys)
+        return (*COMMON_KEYS, *extra)
+    key = source.strip().lower()
+    if key not in SOURCES:
+        return None
+    if key not in SOURCE_KEYS:   # registered elsewhere without a key list: it checks its own
+        return (*COMMON_KEYS, *dict.fromkeys(k for ks in SOURCE_KEYS.values() for k in ks))
+    return (*COMMON_KEYS, *SOURCE_KEYS[key])
+
+
 def parse_spec(spec: str) -> tuple[dict, str | None]:
     """'mnist-10k:test' -> ({'source': 'mnist-10k'}, 'test'); the part is optional."""
     name, _, part = spec.partition(":")
@@ -48,6 +77,11 @@ def make_source(cfg: dict | str, data_dir: str | os.PathLike | None = None, *,
     if key not in SOURCES:
         raise ConfigError(f"data.source: unknown data source '{name}'"
                           f"{suggest(key, SOURCES) or ''} (known: {', '.join(sorted(SOURCES))})")
+    known = data_keys(key) or COMMON_KEYS
+    for k in cfg:
+        if k not in known:
+            raise ConfigError(f"data: unknown key '{k}' for source '{name}'{suggest(str(k), known)}"
+                              f" (known: {', '.join(known)})")
     explicit = data_dir if data_dir is not None else cfg.get("dir")
     request = SourceRequest(key, cfg, None if explicit is None else str(explicit),
                             Path(config_dir) if config_dir is not None else Path.cwd())
@@ -56,4 +90,4 @@ def make_source(cfg: dict | str, data_dir: str | os.PathLike | None = None, *,
 
 __all__ = ["make_source", "parse_spec", "make_transform", "Transform", "BatchLoader",
            "iterate_once", "Arrays", "DataSource", "SourceRequest", "register_source",
-           "SOURCES", "expand_path", "resolve_data_dir"]
+           "SOURCES", "expand_path", "resolve_data_dir", "data_keys", "COMMON_KEYS", "SOURCE_KEYS"]
