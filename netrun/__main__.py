@@ -1,0 +1,4 @@
+"""`python -m netrun`: the same as the `netrun` console script."""
+from netrun.cli import main
+
+main()
