@@ -195,8 +195,15 @@ def _tokenize(text: str) -> list[_Token]:
     return tokens
 
 
+# Python refuses to turn longer decimal strings into ints (a guard against quadratic time);
+# no protobuf integer field comes anywhere near it (int64 has 19 digits).
+_MAX_DIGITS = 4300
+
+
 def _number(text: str) -> int | float | None:
-    """The value of a number literal, or None if it is malformed."""
+    """The value of a number literal, or None if it is malformed (or absurdly long)."""
+    if len(text) > _MAX_DIGITS:
+        return None
     if _INT.fullmatch(text):
         if text[:2] in ("0x", "0X"):
             return int(text, 16)
@@ -229,6 +236,9 @@ class _Parser:
         if tok.kind == "quote":
             return self.error("unterminated string (missing closing quote on this line)", tok.pos)
         if tok.kind == "number":
+            if len(tok.text) > _MAX_DIGITS:
+                return self.error(f"invalid number '{tok.text[:20]}...': longer than "
+                                  f"{_MAX_DIGITS} characters", tok.pos)
             return self.error(f"invalid number '{tok.text}'", tok.pos)
         return self.error(f"unexpected character {tok.text!r}", tok.pos)
 
