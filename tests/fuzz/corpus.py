@@ -152,23 +152,59 @@ output: {output}
 
 
 class Corpus:
-    """Seed files by target name, plus the objects readers need beside the mutated file."""
+    """Seed files by target name (sorted, so case numbers mean the same inputs everywhere),
+    plus the objects readers need beside the mutated file, built on first use."""
 
     def __init__(self, folder: Path):
-        self.folder = folder
-        self.seeds: dict[str, list[Path]] = {}
-        self.extra: dict[str, object] = {}
+        self.folder = Path(folder)
+        self.seeds: dict[str, list[Path]] = {
+            d.name: sorted(d.iterdir()) for d in sorted(self.folder.iterdir())
+            if d.is_dir() and d.name != "aux"} if self.folder.is_dir() else {}
+        self._extra: dict[str, object] = {}
 
-    def add(self, target: str, name: str, data: bytes | str) -> Path:
-        """Write one seed of `target` and remember it."""
-        path = self.folder / target / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(data, str):
-            path.write_text(data)
-        else:
-            path.write_bytes(data)
-        self.seeds.setdefault(target, []).append(path)
-        return path
+    @property
+    def aux(self) -> Path:
+        """Companion files: the nets configs point at, the training run's checkpoint."""
+        return self.folder / "aux"
+
+    @property
+    def checkpoint(self) -> Path:
+        """The checkpoint the training run wrote (input readers predict with it)."""
+        return self.aux / "run" / "last.h5"
+
+    @property
+    def deploy_input(self) -> Path:
+        """An input batch for the Caffe deploy net (the caffemodel seeds' net)."""
+        return self.aux / "deploy-input.npy"
+
+    @property
+    def caffe_model(self):
+        """The Caffe deploy net the caffemodel seeds hold weights for."""
+        if "caffe_model" not in self._extra:
+            from netrun.caffe import load_caffe_model
+
+            self._extra["caffe_model"] = load_caffe_model(self.aux / "deploy.prototxt")
+        return self._extra["caffe_model"]
+
+    @property
+    def predictor(self):
+        """A predictor from the training run's checkpoint."""
+        if "predictor" not in self._extra:
+            from netrun.infer import Predictor
+
+            self._extra["predictor"] = Predictor.from_checkpoint(self.checkpoint)
+        return self._extra["predictor"]
+
+
+def _add(folder: Path, target: str, name: str, data: bytes | str) -> Path:
+    """Write one seed of `target`."""
+    path = folder / target / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        path.write_text(data)
+    else:
+        path.write_bytes(data)
+    return path
 
 
 def build(folder: Path) -> Corpus:
@@ -177,45 +213,43 @@ def build(folder: Path) -> Corpus:
     from netrun.model import load_model
     from netrun.proto.io import save_netdef
 
-    corpus = Corpus(folder)
     aux = folder / "aux"
     aux.mkdir(parents=True, exist_ok=True)
     for name in ZOO:
         text = (REPO / "zoo" / f"{name}.yaml").read_text()
-        corpus.add("model-yaml", f"{name}.yaml", text)
+        _add(folder, "model-yaml", f"{name}.yaml", text)
         (aux / f"{name}.yaml").write_text(text)
         model = load_model(REPO / "zoo" / f"{name}.yaml")
         for which in ("predict", "train"):
             save_netdef(model.net(which), aux / f"{name}-{which}.pbtxt")
-            corpus.add("netdef-pbtxt", f"{name}-{which}.pbtxt",
+            _add(folder, "netdef-pbtxt", f"{name}-{which}.pbtxt",
                        (aux / f"{name}-{which}.pbtxt").read_bytes())
             save_netdef(model.net(which), aux / f"{name}-{which}.yaml")
-            corpus.add("netdef-yaml", f"{name}-{which}.yaml",
+            _add(folder, "netdef-yaml", f"{name}-{which}.yaml",
                        (aux / f"{name}-{which}.yaml").read_bytes())
-    _caffe(corpus, aux, caffe_to_yaml)
-    _configs(corpus, aux)
-    _checkpoints(corpus, aux)
-    _arrays(corpus)
-    _algo_cache(corpus, aux)
-    return corpus
+    _caffe(folder, aux, caffe_to_yaml)
+    _configs(folder, aux)
+    _checkpoints(folder, aux)
+    _arrays(folder)
+    _algo_cache(folder, aux)
+    return Corpus(folder)
 
 
-def _caffe(corpus: Corpus, aux: Path, caffe_to_yaml) -> None:
+def _caffe(folder: Path, aux: Path, caffe_to_yaml) -> None:
     from netrun.caffe import load_caffe_model
     from netrun.caffe.weights import layer_params
 
     for name, text in (("net", CAFFE_NET), ("deploy", CAFFE_DEPLOY), ("v1", CAFFE_V1)):
-        path = corpus.add("caffe-prototxt", f"{name}.prototxt", text)
-        corpus.add("ops-yaml", f"{name}.yaml", caffe_to_yaml(load_caffe_model(path)))
+        path = _add(folder, "caffe-prototxt", f"{name}.prototxt", text)
+        _add(folder, "ops-yaml", f"{name}.yaml", caffe_to_yaml(load_caffe_model(path)))
     net = aux / "net.prototxt"
     net.write_text(CAFFE_NET)
-    corpus.add("caffe-solver", "solver.prototxt", SOLVER.format(net=net))
-    corpus.add("caffe-solver", "adam_solver.prototxt", SOLVER_ADAM.format(net=net))
+    _add(folder, "caffe-solver", "solver.prototxt", SOLVER.format(net=net))
+    _add(folder, "caffe-solver", "adam_solver.prototxt", SOLVER_ADAM.format(net=net))
     # Weights for the deploy net: binary caffemodel (current and V1 layers) and HDF5.
     deploy = aux / "deploy.prototxt"
     deploy.write_text(CAFFE_DEPLOY)
     model = load_caffe_model(deploy)
-    corpus.extra["caffe-model"] = model
     shapes = {p.name: tuple(p.shape) for p in model.params}
     rng = np.random.default_rng(0)
     blobs = {layer: [rng.standard_normal(shapes[n]).astype(np.float32) for n in names]
@@ -224,42 +258,39 @@ def _caffe(corpus: Corpus, aux: Path, caffe_to_yaml) -> None:
 
     layers = [layer_proto(layer, "Convolution", [blob_proto(a) for a in arrays])
               for layer, arrays in blobs.items()]
-    corpus.add("caffemodel", "deploy.caffemodel", net_proto("FuzzDeploy", layers))
+    _add(folder, "caffemodel", "deploy.caffemodel", net_proto("FuzzDeploy", layers))
     legacy = [layer_proto(layer, "4", [blob_proto(a, legacy=True, packed=False)
                                        for a in arrays], v1=True)
               for layer, arrays in blobs.items()]
-    corpus.add("caffemodel", "deploy_v1.caffemodel", net_proto("FuzzDeploy", legacy, v1=True))
-    path = corpus.folder / "caffemodel-h5" / "deploy.caffemodel.h5"
+    _add(folder, "caffemodel", "deploy_v1.caffemodel", net_proto("FuzzDeploy", legacy, v1=True))
+    path = folder / "caffemodel-h5" / "deploy.caffemodel.h5"
     path.parent.mkdir(parents=True, exist_ok=True)
     with h5py.File(path, "w") as f:
         for layer, arrays in blobs.items():
             for i, a in enumerate(arrays):
                 f.create_dataset(f"data/{layer}/{i}", data=a)
-    corpus.seeds["caffemodel-h5"] = [path]
-    corpus.extra["deploy-input"] = aux / "deploy-input.npy"
     np.save(aux / "deploy-input.npy", rng.standard_normal((2, 3, 8, 8)).astype(np.float32))
     mean = rng.uniform(0, 255, (1, 3, 8, 8)).astype(np.float32)
-    corpus.add("binaryproto", "mean.binaryproto", blob_proto(mean, legacy=True))
-    corpus.add("binaryproto", "mean_packed.binaryproto", blob_proto(mean[0]))
+    _add(folder, "binaryproto", "mean.binaryproto", blob_proto(mean, legacy=True))
+    _add(folder, "binaryproto", "mean_packed.binaryproto", blob_proto(mean[0]))
 
 
-def _configs(corpus: Corpus, aux: Path) -> None:
+def _configs(folder: Path, aux: Path) -> None:
     for path in sorted((REPO / "configs").glob("*.yaml")):
         text = path.read_text()
         # the model path is relative to the config: point it at the copy in aux/
         lines = [f"model: {aux / Path(line.split(':', 1)[1].strip()).name}"
                  if line.startswith("model:") else line for line in text.splitlines()]
-        corpus.add("train-config", path.name, "\n".join(lines) + "\n")
+        _add(folder, "train-config", path.name, "\n".join(lines) + "\n")
     for name in ("resnet20",):
         (aux / f"{name}.yaml").write_text((REPO / "zoo" / f"{name}.yaml").read_text())
     (aux / "tiny.yaml").write_text(TINY_MODEL)
-    corpus.add("train-config", "tiny.yaml", TINY_CONFIG.format(
+    _add(folder, "train-config", "tiny.yaml", TINY_CONFIG.format(
         model=aux / "tiny.yaml", data=aux / "data", solver="adam", output=aux / "run-adam"))
 
 
-def _checkpoints(corpus: Corpus, aux: Path) -> None:
-    """Checkpoints a real (three-step) training run writes; a predictor for input seeds."""
-    from netrun.infer import Predictor
+def _checkpoints(folder: Path, aux: Path) -> None:
+    """Checkpoints a real (three-step) training run writes."""
     from netrun.train.config import load_config
     from netrun.train.trainer import Trainer
 
@@ -271,52 +302,46 @@ def _checkpoints(corpus: Corpus, aux: Path) -> None:
     trainer.run(3)
     for name in ("last.h5", "best.h5"):
         if (aux / "run" / name).is_file():
-            corpus.add("checkpoint", name, (aux / "run" / name).read_bytes())
-    corpus.extra["checkpoint"] = aux / "run" / "last.h5"
-    corpus.extra["predictor"] = Predictor.from_checkpoint(aux / "run" / "last.h5")
+            _add(folder, "checkpoint", name, (aux / "run" / name).read_bytes())
 
 
-def _arrays(corpus: Corpus) -> None:
+def _arrays(folder: Path) -> None:
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, (6, 28, 28)).astype(np.uint8)
     labels = rng.integers(0, 10, 6).astype(np.uint8)
     data = images[:, None].astype(np.float32)
-    corpus.add("npy-input", "images.npy", _npy(data))
-    corpus.add("npy-input", "images_u8.npy", _npy(images))
-    corpus.add("npz-input", "inputs.npz", _npz(data=data, label=labels))
-    corpus.add("npz-input", "xy.npz", _npz(compressed=True, x=images, y=labels))
+    _add(folder, "npy-input", "images.npy", _npy(data))
+    _add(folder, "npy-input", "images_u8.npy", _npy(images))
+    _add(folder, "npz-input", "inputs.npz", _npz(data=data, label=labels))
+    _add(folder, "npz-input", "xy.npz", _npz(compressed=True, x=images, y=labels))
     for target in ("h5-input", "hdf5-source"):
         for name, kw in (("small.h5", {}), ("chunked.h5", {"chunks": True,
                                                           "compression": "gzip"})):
-            path = corpus.folder / target / name
+            path = folder / target / name
             path.parent.mkdir(parents=True, exist_ok=True)
             with h5py.File(path, "w") as f:
                 f.create_dataset("data", data=data, **kw)
                 f.create_dataset("label", data=labels.astype(np.float32), **kw)
-            corpus.seeds.setdefault(target, []).append(path)
-    corpus.add("npz-source", "parts.npz", _npz(data=images, label=labels))
-    corpus.add("npz-source", "keras.npz", _npz(compressed=True, x_train=images, y_train=labels,
+    _add(folder, "npz-source", "parts.npz", _npz(data=images, label=labels))
+    _add(folder, "npz-source", "keras.npz", _npz(compressed=True, x_train=images, y_train=labels,
                                                x_test=images[:2], y_test=labels[:2]))
     from netrun.train.data.idx import write_idx
 
     for name, array in (("images", images), ("labels", labels)):
-        path = corpus.folder / "idx" / f"{name}-idx.gz"
+        path = folder / "idx" / f"{name}-idx.gz"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_idx(path, array)
-        corpus.seeds.setdefault("idx", []).append(path)
-        raw = corpus.folder / "idx" / f"{name}-idx"
-        write_idx(raw, array)
-        corpus.seeds["idx"].append(raw)
+        write_idx(folder / "idx" / f"{name}-idx", array)
     records = np.concatenate([labels[:4, None], rng.integers(0, 256, (4, 3072))], axis=1)
-    corpus.add("cifar-bin", "batch.bin", records.astype(np.uint8).tobytes())
+    _add(folder, "cifar-bin", "batch.bin", records.astype(np.uint8).tobytes())
     from netrun.train.data.generated import generate
 
     arrays = generate(20, 1, "train")
-    corpus.add("generated-cache", "digits-v1-train-seed1-n20.npz", _npz(
+    _add(folder, "generated-cache", "digits-v1-train-seed1-n20.npz", _npz(
         compressed=True, images=arrays.data[:, 0].astype(np.uint8), labels=arrays.label))
 
 
-def _algo_cache(corpus: Corpus, aux: Path) -> None:
+def _algo_cache(folder: Path, aux: Path) -> None:
     from netrun.conv import cache
 
     store = cache.AlgoCache(aux / "algos" / "cpu-fuzz.json", "cpu", "fuzz")
@@ -324,7 +349,7 @@ def _algo_cache(corpus: Corpus, aux: Path) -> None:
         key = f"{direction}|float32|NCHW|n8|c{3 + i}|h32|w32|k16|kernel3x3|stride1x1"
         store.put(key, cache.Entry({"im2col": 1.5 + i, "winograd": 0.25, "direct": 3.0},
                                    ["fft"], 1 << 20, 1700000000.0))
-    corpus.add("algo-cache", "cpu-fuzz.json", store.path.read_bytes())
+    _add(folder, "algo-cache", "cpu-fuzz.json", store.path.read_bytes())
 
 
 def _npy(array: np.ndarray) -> bytes:

@@ -201,7 +201,7 @@ def alias_bomb(data: bytes, rng: random.Random, others) -> bytes:
 
 
 def long_string(data: bytes, rng: random.Random, others) -> bytes:
-    size = rng.choice((1000, 100_000, 3_000_000))
+    size = rng.choice((1000, 1000, 100_000, 100_000, 100_000, 3_000_000))
     i = _pos(data, rng)
     quote = rng.choice((b'"', b"'", b""))
     return data[:i] + quote + b"A" * size + quote + data[i:]

@@ -27,10 +27,11 @@ from pathlib import Path
 
 from tests.fuzz.corpus import REPO, Corpus
 from tests.fuzz.mutate import mutate
-from tests.fuzz.targets import TARGETS, Target
+from tests.fuzz.targets import PROBES, TARGETS, Target
 
 MEMORY_BUDGET = 2 << 30          # bytes of address space a case may add to the worker's
 FAILURES = ("crash", "timeout", "memory")
+STARTUP = 300.0                  # seconds a new worker may take to import and get ready
 
 
 @dataclass
@@ -73,7 +74,8 @@ def _address_space() -> int:
     return 0
 
 
-def _classify(target: Target, path: Path, corpus: Corpus) -> Outcome:
+def classify(target: Target, path: Path, corpus: Corpus) -> Outcome:
+    """Read `path` with `target` here and say how it ended."""
     from netrun.errors import NetrunError
 
     try:
@@ -89,98 +91,97 @@ def _classify(target: Target, path: Path, corpus: Corpus) -> Outcome:
         return Outcome("crash", f"{type(e).__name__}: {str(e)[:300]}", traceback.format_exc())
 
 
-def _serve(corpus: Corpus, requests: int, replies: int, memory: int) -> None:
-    """The worker's loop: read 'target\\tpath' lines, answer one JSON line each."""
+def serve(folder: Path, memory: int) -> None:
+    """The worker's loop: read 'target<TAB>path' lines on stdin, answer one JSON line each.
+
+    Replies go to the original stdout; the readers' own output goes to /dev/null. The memory
+    limit is set after the imports, so it bounds what a case adds."""
+    replies = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
+    corpus = Corpus(folder)
+    corpus.caffe_model, corpus.predictor      # built before the limit, like the imports
     soft = _address_space() + memory
     resource.setrlimit(resource.RLIMIT_AS, (soft, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    with os.fdopen(requests, "r") as inbox:
-        for line in inbox:
-            name, _, path = line.rstrip("\n").partition("\t")
-            outcome = _classify(TARGETS[name], Path(path), corpus)
-            os.write(replies, (json.dumps(vars(outcome)) + "\n").encode())
-            if outcome.status == "memory":
-                return          # a MemoryError may leave the heap in any state: start afresh
+    os.write(replies, b"ready\n")
+    for line in sys.stdin:
+        name, _, path = line.rstrip("\n").partition("\t")
+        outcome = classify({**TARGETS, **PROBES}[name], Path(path), corpus)
+        os.write(replies, (json.dumps(vars(outcome)) + "\n").encode())
+        if outcome.status == "memory":
+            return          # a MemoryError may leave the heap in any state: start afresh
 
 
 class Worker:
-    """A forked reader process with a memory limit; `run` enforces the time limit."""
+    """A reader process (`python -m tests.fuzz.worker`) with a memory limit; `run` enforces
+    the time limit. A fresh interpreter, not a fork: a fork of a process whose thread pools
+    have run would deadlock on their locks."""
 
     def __init__(self, corpus: Corpus, memory: int = MEMORY_BUDGET):
         self.corpus, self.memory = corpus, memory
-        self.pid = None
+        self.proc: subprocess.Popen | None = None
 
     def _start(self) -> None:
-        to_child, from_parent = os.pipe()
-        to_parent, from_child = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:   # the child never returns into the caller (pytest or the script)
-            code = 0
-            try:
-                os.close(from_parent)
-                os.close(to_parent)
-                _serve(self.corpus, to_child, from_child, self.memory)
-            except BaseException:
-                code = 70
-            finally:
-                os._exit(code)
-        os.close(to_child)
-        os.close(from_child)
-        self.pid, self.inbox, self.outbox = pid, to_parent, os.fdopen(from_parent, "w")
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fuzz.worker", str(self.corpus.folder),
+             str(self.memory)], cwd=REPO, env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+        ready = self._reply(STARTUP)
+        if ready != b"ready\n":
+            self.stop()
+            raise RuntimeError(f"the fuzz worker did not start (it said {ready!r})")
+
+    def _reply(self, timeout: float) -> bytes | None:
+        """One line from the worker; None if none came within `timeout`, b"" if it died."""
+        fd = self.proc.stdout.fileno()
+        reply = b""
+        while not reply.endswith(b"\n"):
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b""
+            reply += chunk
+        return reply
 
     def run(self, target: Target, path: Path, timeout: float) -> Outcome:
         """Read `path` with `target` in the worker; a timeout or death is an Outcome too."""
-        if self.pid is None:
+        if self.proc is None:
             self._start()
         try:
-            self.outbox.write(f"{target.name}\t{path}\n")
-            self.outbox.flush()
+            self.proc.stdin.write(f"{target.name}\t{path}\n")
+            self.proc.stdin.flush()
         except BrokenPipeError:
             return self._died()
-        reply = b""
-        while not reply.endswith(b"\n"):
-            ready, _, _ = select.select([self.inbox], [], [], timeout)
-            if not ready:
-                self.stop()
-                return Outcome("timeout", f"no answer within {timeout:g} s")
-            chunk = os.read(self.inbox, 1 << 20)
-            if not chunk:
-                return self._died()
-            reply += chunk
+        reply = self._reply(timeout)
+        if reply is None:
+            self.stop()
+            return Outcome("timeout", f"no answer within {timeout:g} s")
+        if not reply:
+            return self._died()
         outcome = Outcome(**json.loads(reply))
         if outcome.status == "memory":
             self.stop()
         return outcome
 
     def _died(self) -> Outcome:
-        _, status = os.waitpid(self.pid, 0)
-        self._forget()
-        how = (f"killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
-               if os.WIFSIGNALED(status) else f"exited with status {os.WEXITSTATUS(status)}")
+        code = self.proc.wait()
+        self.proc = None
+        how = (f"killed by signal {signal.Signals(-code).name}" if code < 0
+               else f"exited with status {code}")
         return Outcome("crash", f"the reader process {how} (out of memory under RLIMIT_AS?)")
 
     def stop(self) -> None:
-        """Kill the worker (the next case forks a new one)."""
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(self.pid, 0)
-            self._forget()
-
-    def _forget(self) -> None:
-        for handle in (self.outbox,):
-            try:
-                handle.close()
-            except OSError:
-                pass
-        os.close(self.inbox)
-        self.pid = None
+        """End the worker (the next case starts a new one)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc.stdin.close()
+            self.proc.stdout.close()
+            self.proc = None
 
 
 def fuzz(target: Target, corpus: Corpus, cases: range, work: Path, worker: Worker,
@@ -240,8 +241,8 @@ def run_cli(target: Target, corpus: Corpus, case: int, work: Path,
            "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "NO_COLOR": "1"}
     env.pop("NETRUN_DEBUG", None)
-    limit = _address_space_cli()
-    proc = subprocess.run([sys.executable, "-m", "netrun", *argv], cwd=out, env=env,
+    limit = 4 << 30          # address space of the CLI process: far more than a case needs
+    proc = subprocess.run([sys.executable, "-m", "netrun.cli", *argv], cwd=out, env=env,
                           capture_output=True, text=True, timeout=timeout,
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
                                                                 (limit, limit)))
@@ -250,7 +251,3 @@ def run_cli(target: Target, corpus: Corpus, case: int, work: Path,
         written += sorted(_listing(root) - before[key])
     written += sorted((_listing(REPO / "runs") | _listing(REPO / "data")) - repo_before)
     return CliResult(argv, proc.returncode, proc.stderr, written)
-
-
-def _address_space_cli() -> int:
-    return 4 << 30
