@@ -8,6 +8,7 @@ out of memory) with the case numbers of the failures, and copies every failing i
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -79,8 +80,9 @@ def _report(tally, traces: bool) -> None:
     """The failures grouped by cause: each cause once, with its case numbers and inputs."""
     groups: dict[str, list] = {}
     for case, outcome, saved in tally.failures:
-        groups.setdefault(f"{outcome.status}: {outcome.detail[:160]}", []).append(
-            (case, outcome, saved))
+        # numbers (offsets, sizes, bytes) differ from case to case; the cause does not
+        cause = re.sub(r"0x[0-9a-f]+|\d+", "N", f"{outcome.status}: {outcome.detail}")[:160]
+        groups.setdefault(cause, []).append((case, outcome, saved))
     for cause, items in groups.items():
         cases = ", ".join(str(c) for c, _, _ in items[:8]) + (" ..." if len(items) > 8 else "")
         print(f"    {len(items)} x {cause}\n        cases {cases}; input {items[0][2]}")
