@@ -14,6 +14,7 @@ from netrun.errors import ParseError
 from netrun.util.files import read_text
 
 MAX_DEPTH = 200  # nested messages; deeper input is an error rather than a RecursionError
+_MAX_SHOWN = 300  # longest source line an error message quotes (with a caret under it)
 
 
 class Enum(str):
@@ -55,6 +56,8 @@ class Source:
         if position is None:
             return ParseError(message, self.file)
         line = self.lines[position.line - 1] if 0 < position.line <= len(self.lines) else None
+        if line is not None and len(line) > _MAX_SHOWN:
+            line = None      # a huge line (a hostile or minified file) is not worth printing
         return ParseError(message, self.file, position.line, position.column, line)
 
 

@@ -223,6 +223,9 @@ KNOWN_CRASHES: dict[str, str] = {
     "ops-yaml": "as model-yaml",
     "train-config": "UnicodeDecodeError (non-UTF-8 bytes) and PyYAML ReaderError escape "
                     "load_config",
+    "caffe-prototxt": "caffe.fields.Skip escapes translate._legacy_inputs (input_dim: 1.5, "
+                      "nan, true); OverflowError in core/schema.size (np.prod of huge dims, "
+                      "from a conv layer's cost)",
     "algo-cache": "UnicodeDecodeError (non-UTF-8 bytes) escapes conv/cache.py _read/read_file",
     "checkpoint": "h5py KeyError/RuntimeError on damaged files escape core/db.py H5Reader",
     "caffemodel-h5": "h5py KeyError/RuntimeError on damaged files escape "
