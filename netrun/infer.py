@@ -175,6 +175,9 @@ def _read_spec(spec: str, predictor: Predictor, data_dir: str | None):
 def score(probs: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     """Accuracy and mean cross-entropy of predicted probabilities against labels."""
     labels = labels.astype(np.int64).reshape(-1)
+    if labels.size and labels.max() >= probs.shape[1]:
+        raise NetrunError(f"label {int(labels.max())} is not a class of this model (it has "
+                          f"{probs.shape[1]} classes: 0 to {probs.shape[1] - 1})")
     picked = probs[np.arange(len(labels)), labels]
     return {"accuracy": float(np.mean(probs.argmax(axis=1) == labels)),
             "loss": float(-np.mean(np.log(np.maximum(picked, 1e-12)))), "examples": int(len(labels))}

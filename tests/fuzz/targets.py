@@ -73,11 +73,13 @@ def _blobproto(path: Path, corpus: Corpus):
 
 
 def _infer_input(path: Path, corpus: Corpus):
-    from netrun.infer import load_inputs
+    from netrun.infer import load_inputs, score
 
     predictor = corpus.predictor
     inputs = load_inputs(str(path), predictor)
-    predictor.predict(inputs.data[:4])
+    probs = predictor.predict(inputs.data[:16])
+    if inputs.labels is not None:
+        score(probs, inputs.labels[:16])
     return inputs
 
 

@@ -121,3 +121,10 @@ def test_infer_input_labels_must_be_numbers(tmp_path):
         _numbers(np.array([("a", 1)], dtype=[("s", "U1"), ("i", "i4")]), "x.npy: data")
     with pytest.raises(NetrunError, match="too large to be a class index"):
         as_labels(np.array([1e12]), "x.npz: labels")
+
+
+def test_infer_label_outside_the_classes_is_a_clear_error():
+    from netrun.infer import score
+
+    with pytest.raises(NetrunError, match="label 50 is not a class of this model"):
+        score(np.full((2, 10), 0.1), np.array([3, 50]))

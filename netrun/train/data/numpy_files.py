@@ -18,9 +18,10 @@ from numpy.lib import format as npy_format
 from netrun.errors import NetrunError
 
 # What NumPy and zipfile raise on damaged input (a bad header is a ValueError or, in the
-# Python 2 header path, a TokenError or SyntaxError; a bad member a BadZipFile or zlib.error).
+# Python 2 header path, a TokenError or SyntaxError; a bad member a BadZipFile or zlib.error;
+# an unknown compression method NotImplementedError; an encrypted member RuntimeError).
 _DAMAGE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, tokenize.TokenError,
-           SyntaxError, KeyError, OverflowError)
+           SyntaxError, KeyError, OverflowError, NotImplementedError, RuntimeError)
 
 
 # Deflate expands at most about 1032 times: a compressed member cannot hold more than that.
