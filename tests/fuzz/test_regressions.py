@@ -128,3 +128,12 @@ def test_infer_label_outside_the_classes_is_a_clear_error():
 
     with pytest.raises(NetrunError, match="label 50 is not a class of this model"):
         score(np.full((2, 10), 0.1), np.array([3, 50]))
+
+
+def test_npy_header_length_beyond_the_file_is_refused_before_reading(tmp_path):
+    raw = bytearray(_npy(np.zeros(4, np.uint8)))
+    raw[6:8] = b"\x02\x00"                         # version 2.0: a 4-byte header length
+    raw[8:12] = (1 << 31).to_bytes(4, "little")
+    (tmp_path / "h.npy").write_bytes(bytes(raw))
+    with pytest.raises(NetrunError, match=r"h.npy: the array header claims 2,147,483,648 bytes"):
+        load_npy(tmp_path / "h.npy")

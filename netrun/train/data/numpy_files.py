@@ -32,6 +32,13 @@ def _check_header(f: IO[bytes], size: int, where: str) -> None:
     """Refuse an array whose header is malformed or claims more than the `size` bytes of the
     stream hold."""
     version = npy_format.read_magic(f)
+    # The header's own length comes first: check it, or NumPy reads up to 4 GiB to find out.
+    width = 2 if version == (1, 0) else 4
+    length = int.from_bytes(f.read(width), "little")
+    if length > size - f.tell():
+        raise NetrunError(f"{where}: the array header claims {length:,} bytes, more than the "
+                          f"{size:,}-byte file holds; the file is truncated or damaged")
+    f.seek(-width, 1)
     if version == (1, 0):
         shape, fortran, dtype = npy_format.read_array_header_1_0(f)
     else:
