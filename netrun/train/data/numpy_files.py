@@ -40,9 +40,9 @@ def _check_header(f: IO[bytes], size: int, where: str) -> None:
                           f"{size:,}-byte file holds; the file is truncated or damaged")
     f.seek(-width, 1)
     if version == (1, 0):
-        shape, fortran, dtype = npy_format.read_array_header_1_0(f)
+        shape, _, dtype = npy_format.read_array_header_1_0(f)
     else:
-        shape, fortran, dtype = npy_format.read_array_header_2_0(f)
+        shape, _, dtype = npy_format.read_array_header_2_0(f)
     if dtype.hasobject:
         raise ValueError("the array holds Python objects (pickled data), which netrun "
                          "does not load")
