@@ -15,6 +15,9 @@ from netrun.model import load_model
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import expand
 from netrun.train.data import make_source, make_transform, parse_spec
+from netrun.train.data.base import as_labels, check_lengths
+from netrun.train.data.hdf5 import h5_read
+from netrun.train.data.numpy_files import NpzArchive, load_npy
 from netrun.weights import load_weights
 
 
@@ -109,6 +112,10 @@ def load_inputs(spec: str, predictor: Predictor, data_dir: str | None = None,
     tf = predictor.transform() if transform else None
     if path.suffix in (".npy", ".npz", ".h5", ".hdf5") and path.exists():
         data, labels = _read_file(path)
+        data = _numbers(data, f"{path}: data")
+        if labels is not None:
+            labels = as_labels(labels, f"{path}: labels")
+            check_lengths(data, labels, str(path))
     elif path.suffix in (".npy", ".npz", ".h5", ".hdf5"):
         raise NetrunError(f"input file '{spec}' does not exist")
     else:
@@ -118,29 +125,34 @@ def load_inputs(spec: str, predictor: Predictor, data_dir: str | None = None,
     return Inputs(np.asarray(data, dtype=np.float32), labels, spec)
 
 
+def _numbers(data: np.ndarray, where: str) -> np.ndarray:
+    """Examples as numbers, one per row: refuse scalars, strings and records."""
+    data = np.asarray(data)
+    if data.ndim < 1:
+        raise NetrunError(f"{where}: a single value, not a batch of examples")
+    if not (np.issubdtype(data.dtype, np.number) or data.dtype == np.bool_):
+        raise NetrunError(f"{where}: dtype {data.dtype}; expected numbers")
+    return data
+
+
 def _apply(tf, data: np.ndarray) -> np.ndarray:
     return tf(data, None, train=False)
 
 
 def _read_file(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
     if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False), None
+        return load_npy(path), None
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as f:
-            key = next((k for k in ("data", "x", "images") if k in f.files), None)
+        with NpzArchive(path) as f:
+            key = next((k for k in ("data", "x", "images") if k in f), None)
             if key is None:
-                raise NetrunError(f"'{path}' has no 'data' (or 'x') array; it has: {', '.join(f.files)}")
-            label = next((f[k] for k in ("label", "labels", "y") if k in f.files), None)
+                raise NetrunError(f"'{path}' has no 'data' (or 'x') array; it has: "
+                                  f"{', '.join(f.files) or 'nothing'}")
+            label = next((f[k] for k in ("label", "labels", "y") if k in f), None)
             return f[key], label
-    import h5py  # lazy: a heavy import that only HDF5 paths need
-
-    try:
-        with h5py.File(path, "r") as f:
-            if "data" not in f:
-                raise NetrunError(f"'{path}' has no 'data' dataset")
-            return f["data"][()], (f["label"][()].reshape(-1) if "label" in f else None)
-    except OSError as e:
-        raise NetrunError(f"cannot read HDF5 input '{path}': {e}") from None
+    arrays = h5_read(path, ("data",), optional=("label",))
+    label = arrays.get("label")
+    return arrays["data"], (None if label is None else label.reshape(-1))
 
 
 def _read_spec(spec: str, predictor: Predictor, data_dir: str | None):
@@ -163,6 +175,9 @@ def _read_spec(spec: str, predictor: Predictor, data_dir: str | None):
 def score(probs: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     """Accuracy and mean cross-entropy of predicted probabilities against labels."""
     labels = labels.astype(np.int64).reshape(-1)
+    if labels.size and labels.max() >= probs.shape[1]:
+        raise NetrunError(f"label {int(labels.max())} is not a class of this model (it has "
+                          f"{probs.shape[1]} classes: 0 to {probs.shape[1] - 1})")
     picked = probs[np.arange(len(labels)), labels]
     return {"accuracy": float(np.mean(probs.argmax(axis=1) == labels)),
             "loss": float(-np.mean(np.log(np.maximum(picked, 1e-12)))), "examples": int(len(labels))}

@@ -14,6 +14,7 @@ from netrun.errors import ParseError
 from netrun.util.files import read_text
 
 MAX_DEPTH = 200  # nested messages; deeper input is an error rather than a RecursionError
+_MAX_SHOWN = 300  # longest source line an error message quotes (with a caret under it)
 
 
 class Enum(str):
@@ -55,6 +56,8 @@ class Source:
         if position is None:
             return ParseError(message, self.file)
         line = self.lines[position.line - 1] if 0 < position.line <= len(self.lines) else None
+        if line is not None and len(line) > _MAX_SHOWN:
+            line = None      # a huge line (a hostile or minified file) is not worth printing
         return ParseError(message, self.file, position.line, position.column, line)
 
 
@@ -151,13 +154,15 @@ class Message:
 
 
 # Tokenizer --------------------------------------------------------------------------------
-# One master regex; `number` is deliberately greedy (1.2.3, 12abc) so a malformed literal is one
+# One master regex; strings and numbers match in runs with possessive quantifiers, so a
+# megabyte literal costs time and memory in proportion to its length (a per-character
+# alternation keeps a backtracking frame per character). `number` is deliberately greedy (1.2.3, 12abc) so a malformed literal is one
 # token that gets a clear "invalid number" rather than two tokens and a confusing error later.
 _TOKEN = re.compile(r"""
   (?P<ws>[ \t\r\n\f\v]+)
 | (?P<comment>\#[^\n]*)
-| (?P<string>"(?:[^"\\\n]|\\[^\n])*"|'(?:[^'\\\n]|\\[^\n])*')
-| (?P<number>\.?[0-9](?:[0-9A-Za-z_.]|(?<=[eE])[+-])*)
+| (?P<string>"[^"\\\n]*+(?:\\[^\n][^"\\\n]*+)*+"|'[^'\\\n]*+(?:\\[^\n][^'\\\n]*+)*+')
+| (?P<number>\.?[0-9](?:[0-9A-Za-z_.]++|(?<=[eE])[+-])*+)
 | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
 | (?P<symbol>[{}<>\[\]:;,\-])
 | (?P<quote>["'])
@@ -179,8 +184,7 @@ class _Token(NamedTuple):
     pos: Position
 
 
-def _tokenize(text: str) -> list[_Token]:
-    tokens: list[_Token] = []
+def _tokenize(text: str) -> Iterator[_Token]:
     line, line_start = 1, 0
     for m in _TOKEN.finditer(text):
         kind, start = m.lastgroup, m.start()
@@ -190,13 +194,44 @@ def _tokenize(text: str) -> list[_Token]:
                 line += newlines
                 line_start = text.rfind("\n", start, m.end()) + 1
         elif kind != "comment":
-            tokens.append(_Token(kind, m.group(), Position(line, start - line_start + 1)))
-    tokens.append(_Token("eof", "", Position(line, len(text) - line_start + 1)))
-    return tokens
+            yield _Token(kind, m.group(), Position(line, start - line_start + 1))
+    yield _Token("eof", "", Position(line, len(text) - line_start + 1))
+
+
+class _Tokens:
+    """The tokens of a text, made as the parser reaches them and dropped once it has passed
+    them: an error near the start of a huge file is found at once, and memory holds only a
+    short window of tokens (the parser looks at most one token back and one ahead)."""
+
+    _KEEP = 8
+
+    def __init__(self, text: str):
+        self._source = _tokenize(text)
+        self._window: list[_Token] = []
+        self._first = 0          # index of _window[0]
+
+    def __getitem__(self, i: int) -> _Token:
+        if i - self._first > 4 * self._KEEP:
+            drop = i - self._first - self._KEEP
+            del self._window[:drop]
+            self._first += drop
+        while i - self._first >= len(self._window):
+            token = next(self._source, None)
+            if token is None:        # past the end: the eof token again
+                return self._window[-1]
+            self._window.append(token)
+        return self._window[i - self._first]
+
+
+# Python refuses to turn longer decimal strings into ints (a guard against quadratic time);
+# no protobuf integer field comes anywhere near it (int64 has 19 digits).
+_MAX_DIGITS = 4300
 
 
 def _number(text: str) -> int | float | None:
-    """The value of a number literal, or None if it is malformed."""
+    """The value of a number literal, or None if it is malformed (or absurdly long)."""
+    if len(text) > _MAX_DIGITS:
+        return None
     if _INT.fullmatch(text):
         if text[:2] in ("0x", "0X"):
             return int(text, 16)
@@ -219,7 +254,7 @@ def _describe(tok: _Token) -> str:
 class _Parser:
     def __init__(self, text: str, file: str | None):
         self.source = Source(text, file)
-        self.tokens = _tokenize(text)
+        self.tokens = _Tokens(text)
         self.i = 0
 
     def error(self, message: str, pos: Position) -> ParseError:
@@ -229,6 +264,9 @@ class _Parser:
         if tok.kind == "quote":
             return self.error("unterminated string (missing closing quote on this line)", tok.pos)
         if tok.kind == "number":
+            if len(tok.text) > _MAX_DIGITS:
+                return self.error(f"invalid number '{tok.text[:20]}...': longer than "
+                                  f"{_MAX_DIGITS} characters", tok.pos)
             return self.error(f"invalid number '{tok.text}'", tok.pos)
         return self.error(f"unexpected character {tok.text!r}", tok.pos)
 

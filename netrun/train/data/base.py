@@ -88,6 +88,9 @@ def as_labels(label: np.ndarray, where: str, dtype: str = "int32") -> np.ndarray
     # Caffe stores labels as N, N x 1 or N x 1 x 1 x 1: drop the trailing unit axes.
     while label.ndim > 1 and label.shape[-1] == 1:
         label = label[..., 0]
+    if not (np.issubdtype(label.dtype, np.integer) or np.issubdtype(label.dtype, np.floating)
+            or label.dtype == np.bool_):
+        raise NetrunError(f"{where}: labels have dtype {label.dtype}; expected numbers")
     if dtype == "float32":
         return label.astype(np.float32, copy=False)
     if label.ndim != 1:
@@ -98,6 +101,8 @@ def as_labels(label: np.ndarray, where: str, dtype: str = "int32") -> np.ndarray
                           f"for regression targets")
     if label.size and label.min() < 0:
         raise NetrunError(f"{where}: negative class label {int(label.min())}")
+    if label.size and label.max() > np.iinfo(np.int32).max:
+        raise NetrunError(f"{where}: class label {label.max()} is too large to be a class index")
     return label.astype(np.int32)
 
 

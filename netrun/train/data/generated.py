@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from netrun.errors import ConfigError
+from netrun.errors import ConfigError, NetrunError
 from netrun.train.data.base import Arrays, DataSource, SourceRequest, register_source
 from netrun.train.data.glyphs import build_templates
+from netrun.train.data.numpy_files import NpzArchive
 from netrun.train.data.paths import (
     cache_root,
     checkout_data_dir,
@@ -142,18 +143,29 @@ def load_or_generate(count: int, seed: int, part: str, cache_dir: Path | None) -
     path = None
     if cache_dir is not None:
         path = cache_dir / f"digits-v{VERSION}-{part}-seed{seed}-n{count}.npz"
-        if path.is_file():
-            try:
-                with np.load(path) as f:
-                    images, labels = f["images"], f["labels"]
-                if images.shape == (count, SIZE, SIZE) and labels.shape == (count,):
-                    return Arrays(images.astype(np.float32)[:, None], labels.astype(np.int32))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                pass                 # a damaged cache file is simply rendered again
+        cached = read_cache(path, count)
+        if cached is not None:
+            return cached
     arrays = generate(count, seed, part)
     if path is not None:
         _save_quietly(path, arrays)
     return arrays
+
+
+def read_cache(path: Path, count: int) -> Arrays | None:
+    """The `count` images of a cache file, or None if it is missing, damaged or different."""
+    if not path.is_file():
+        return None
+    try:
+        with NpzArchive(path) as f:
+            images, labels = f["images"], f["labels"]
+    except (NetrunError, KeyError):
+        return None                 # a damaged cache file is simply rendered again
+    if images.shape == (count, SIZE, SIZE) and labels.shape == (count,) \
+            and images.dtype == np.uint8 and np.issubdtype(labels.dtype, np.integer) \
+            and (labels.size == 0 or 0 <= labels.min() <= labels.max() <= 9):
+        return Arrays(images.astype(np.float32)[:, None], labels.astype(np.int32))
+    return None
 
 
 def _save_quietly(path: Path, arrays: Arrays) -> None:

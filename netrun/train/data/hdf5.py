@@ -34,6 +34,63 @@ def _h5py():
     return h5py
 
 
+# What h5py raises on a damaged file: OSError to open, KeyError or RuntimeError to walk a
+# damaged group, ValueError or TypeError for a dataset it cannot convert.
+H5_DAMAGE = (OSError, KeyError, RuntimeError, ValueError, TypeError)
+# Deflate (the usual HDF5 filter) expands at most about 1032 times.
+_MAX_RATIO = 1032
+
+
+def h5_dataset(f: Any, key: str, path: Path) -> Any:
+    """The dataset `key` of an open file, refused if it is missing, not plain data stored in
+    this file (external link, virtual or external storage) or bigger than the file holds."""
+    h5py = _h5py()
+    if key not in f:
+        raise NetrunError(f"{path}: no dataset '{key}' (it has: "
+                          f"{', '.join(sorted(f.keys())) or 'nothing'})")
+    link = f.get(key, getlink=True)
+    if not isinstance(link, h5py.HardLink):
+        raise NetrunError(f"{path}: '{key}' is a link to another file or object; netrun reads "
+                          "only data stored in the file itself")
+    ds = f[key]
+    if not isinstance(ds, h5py.Dataset):
+        raise NetrunError(f"{path}: '{key}' is a group, not a dataset")
+    if ds.is_virtual or ds.external:
+        raise NetrunError(f"{path}: dataset '{key}' keeps its data in other files; netrun "
+                          "reads only data stored in the file itself")
+    if not (np.issubdtype(ds.dtype, np.number) or ds.dtype == np.bool_):
+        raise NetrunError(f"{path}: dataset '{key}' has dtype {ds.dtype}; expected numbers")
+    stored = ds.id.get_storage_size()
+    nbytes = int(np.prod(ds.shape, dtype=object)) * ds.dtype.itemsize if ds.shape else \
+        ds.dtype.itemsize
+    if nbytes > stored * (_MAX_RATIO if ds.compression else 1) + 1024:
+        raise NetrunError(f"{path}: dataset '{key}' claims {'×'.join(map(str, ds.shape))} "
+                          f"values ({nbytes:,} bytes) but the file stores {stored:,} bytes "
+                          f"of it; the file is damaged")
+    return ds
+
+
+def h5_read(path: Path, keys: tuple[str, ...], optional: tuple[str, ...] = ()
+            ) -> dict[str, np.ndarray]:
+    """The named datasets of an HDF5 file as arrays (optional ones only if present);
+    NetrunError naming the file for anything missing or damaged."""
+    h5py = _h5py()
+    try:
+        with h5py.File(path, "r") as f:
+            out = {k: h5_dataset(f, k, path)[()] for k in keys}
+            for k in optional:
+                if k in f:
+                    out[k] = h5_dataset(f, k, path)[()]
+            return out
+    except H5_DAMAGE as e:
+        raise NetrunError(f"{path}: cannot read as HDF5 ({_why(e)})") from None
+
+
+def _why(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text[:200]
+
+
 class LazyH5Array:
     """The rows of one dataset across several HDF5 files, read when indexed (float32)."""
 
@@ -63,14 +120,18 @@ class LazyH5Array:
         which = np.searchsorted(self.offsets, rows, side="right") - 1
         for f in np.unique(which):
             sel = which == f
-            data = self._dataset(int(f))[rows[sel] - self.offsets[f]]
+            try:
+                data = self._dataset(int(f))[rows[sel] - self.offsets[f]]
+            except H5_DAMAGE as e:
+                raise NetrunError(f"{self.files[f]}: cannot read rows of '{self.key}' "
+                                  f"({_why(e)})") from None
             out[sel] = data.reshape(-1, *self.row_shape)
         return out[inverse.reshape(idx.shape)]
 
     def _dataset(self, f: int) -> Any:
         if f not in self._open:
             self._open[f] = _h5py().File(self.files[f], "r")
-        return self._open[f][self.key]
+        return h5_dataset(self._open[f], self.key, self.files[f])
 
     def close(self) -> None:
         """Close the files opened so far."""
@@ -116,30 +177,29 @@ class Hdf5Source(DataSource):
         for path in self.files[part]:
             try:
                 with h5py.File(path, "r") as f:
-                    for key in (self.data_key, self.label_key):
-                        if key not in f:
-                            raise NetrunError(f"{path}: no dataset '{key}' (it has: "
-                                              f"{', '.join(sorted(f.keys())) or 'nothing'})")
-                    data, label = f[self.data_key], f[self.label_key]
+                    data = h5_dataset(f, self.data_key, path)
+                    label = h5_dataset(f, self.label_key, path)
+                    if not data.shape:
+                        raise NetrunError(f"{path}: '{self.data_key}' is a scalar, not rows")
                     check_lengths(data, label, str(path))
                     if row_shape is not None and data.shape[1:] != row_shape:
                         raise NetrunError(f"{path}: '{self.data_key}' rows are {data.shape[1:]},"
                                           f" earlier files have {row_shape}")
                     counts.append(len(data))
                     row_shape = data.shape[1:]
-            except OSError as e:
-                raise NetrunError(f"{path}: cannot read as HDF5 ({e})") from None
+            except H5_DAMAGE as e:
+                raise NetrunError(f"{path}: cannot read as HDF5 ({_why(e)})") from None
         return counts, tuple(row_shape or ())
 
     def _load(self, part: str) -> Arrays:
-        h5py = _h5py()
         counts, row_shape = self._scan(part)
         labels, datas = [], []
         for path in self.files[part]:
-            with h5py.File(path, "r") as f:
-                labels.append(f[self.label_key][()])
-                if not self.lazy:
-                    datas.append(f[self.data_key][()])
+            keys = (self.label_key,) if self.lazy else (self.label_key, self.data_key)
+            arrays = h5_read(path, keys)
+            labels.append(arrays[self.label_key])
+            if not self.lazy:
+                datas.append(arrays[self.data_key])
         where = f"hdf5 {part} ({self.files[part][0]}...)"
         label = as_labels(np.concatenate(labels), where, self.label_dtype)
         if self.lazy:

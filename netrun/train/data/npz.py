@@ -7,12 +7,10 @@ with `allow_pickle=False`: loading data never runs code from the file.
 """
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.lib.npyio import NpzFile
 
 from netrun.errors import ConfigError, NetrunError
 from netrun.train.data.base import (
@@ -25,6 +23,7 @@ from netrun.train.data.base import (
     label_dtype,
     register_source,
 )
+from netrun.train.data.numpy_files import NpzArchive
 from netrun.train.data.paths import expand_path
 
 
@@ -65,27 +64,17 @@ class NpzSource(DataSource):
 
     def _load(self, part: str) -> Arrays:
         path = self.files[part]
-        try:
-            archive = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, zipfile.BadZipFile) as e:
-            raise NetrunError(f"{path}: cannot read as .npz ({e})") from None
-        if not isinstance(archive, NpzFile):       # a plain .npy under an .npz name
-            raise NetrunError(f"{path}: cannot read as .npz (it holds a single array, not "
-                              f"named data and label arrays)")
-        with archive:
+        with NpzArchive(path) as archive:
             data, label = self._pick(archive, part, path)
         where = f"{path} ({part})"
         check_lengths(data, label, where)
         return Arrays(as_images(data, where), as_labels(label, where, self.label_dtype))
 
-    def _pick(self, archive: NpzFile, part: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    def _pick(self, archive: NpzArchive, part: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
         keys = set(archive.files)
         for data_key, label_key in self._candidates(part):
             if data_key in keys and label_key in keys:
-                try:
-                    return archive[data_key], archive[label_key]
-                except ValueError as e:              # object arrays need pickle: refused
-                    raise NetrunError(f"{path}: cannot read as .npz ({e})") from None
+                return archive[data_key], archive[label_key]
         wanted = " or ".join(f"{d}/{lbl}" for d, lbl in self._candidates(part))
         raise NetrunError(f"{path}: no arrays {wanted} (it has: "
                           f"{', '.join(sorted(keys)) or 'nothing'})")
