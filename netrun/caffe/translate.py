@@ -179,9 +179,13 @@ class ModelTranslator:
 
     def _legacy_inputs(self, p: PhaseTranslator) -> None:
         """NetParameter's own `input:` with `input_shape { dim }` or groups of 4 `input_dim`."""
-        names = self.net.get_all("input", "str")
-        shapes = [s.get_all("dim", "int") for s in self.net.subs("input_shape")]
-        dims = self.net.get_all("input_dim", "int")
+        try:
+            names = self.net.get_all("input", "str")
+            shapes = [s.get_all("dim", "int") for s in self.net.subs("input_shape")]
+            dims = self.net.get_all("input_dim", "int")
+        except Skip as e:   # a mistyped value: reported once, with the layers' problems
+            self.problems.add(e.problem.message, e.problem.position)
+            return
         if not names and not shapes and not dims:
             return
         if dims and not shapes:

@@ -316,7 +316,7 @@ def op_from_node(node: MarkedDict) -> OperatorDef:
             hint = suggest(str(key), arg_names + list(OP_KEYS) * (where is node))
             raise error_at(where, f"{type_} has no argument '{key}'{hint} (arguments: "
                                   f"{', '.join(arg_names) or 'none'})", key)
-        args[key] = where[key]
+        args[key] = _arg_value(where, key)
     op = OperatorDef(type_, tuple(_names(node, "inputs")), tuple(_names(node, "outputs")), args,
                      str(node.get("name", "")), node.get("device"), str(node.get("engine", "")))
     try:
@@ -324,6 +324,16 @@ def op_from_node(node: MarkedDict) -> OperatorDef:
     except NetrunError as e:
         raise error_at(node, str(e)) from e
     return op
+
+
+def _arg_value(node: MarkedDict, key: str) -> Any:
+    """An argument's value: an int, float, string or bool, or a flat list of them."""
+    value = node[key]
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, (bool, int, float, str)) for v in items):
+        raise error_at(node, f"argument '{key}' must be a number, a string or a list of them, "
+                             f"got {value!r}", key, value=True)
+    return value
 
 
 def _names(node: MarkedDict, key: str) -> list[str]:

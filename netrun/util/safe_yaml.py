@@ -31,6 +31,7 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_SCALAR_CHARS = 1024 * 1024
 MAX_DEPTH = 100
 MAX_NODES = 1_000_000
+MAX_INT_DIGITS = 4000
 # The line breaks PyYAML counts (not str.splitlines's longer list), so marks index lines.
 _BREAKS = re.compile("\r\n|[\n\r\x85\u2028\u2029]")
 
@@ -59,6 +60,18 @@ class LimitedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+def _construct_int(loader: LimitedLoader, node: yaml.ScalarNode) -> int:
+    # Python refuses to parse integers of over 4300 digits (a ValueError with no position).
+    if len(node.value) > MAX_INT_DIGITS:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer of {len(node.value):,} digits (the limit is "
+            f"{MAX_INT_DIGITS})", node.start_mark)
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+LimitedLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 class _Limit(Exception):

@@ -219,19 +219,6 @@ PROBES: dict[str, Target] = {t.name: t for t in (
 # Readers whose crashes are fixed in files other helpers own (their fixes land separately):
 # the suite marks them xfail(strict=False) with these causes until the fixes are merged.
 KNOWN_CRASHES: dict[str, str] = {
-    "model-yaml": "proto/yaml_marks.load_yaml lets PyYAML's ReaderError (control characters), "
-                  "RecursionError (deep nesting) and ValueError (ints over 4300 digits) escape; "
-                  "OverflowError in core/schema.size (np.prod of huge dims, from conv cost_fn)",
-    "netdef-yaml": "as model-yaml (proto/yaml_marks.load_yaml)",
-    "ops-yaml": "as model-yaml; TypeError in proto/defs.normalize_arg for an argument "
-                "whose value is null",
-    "train-config": "UnicodeDecodeError (non-UTF-8 bytes) in train/config.load_config; "
-                    "PyYAML ReaderError",
-    "caffe-prototxt": "caffe.fields.Skip escapes translate._legacy_inputs (input_dim: 1.5, "
-                      "nan, true); OverflowError in core/schema.size (np.prod of huge dims, "
-                      "from a conv layer's cost)",
-    "algo-cache": "UnicodeDecodeError (non-UTF-8 bytes) and RecursionError (deeply nested "
-                  "JSON) escape conv/cache.py _read (read_file, AlgoCache.load)",
     "checkpoint": "h5py KeyError/RuntimeError on damaged files escape core/db.py "
                   "(H5Reader.__init__, H5Reader.keys)",
     "caffemodel-h5": "h5py KeyError/RuntimeError on damaged files escape "

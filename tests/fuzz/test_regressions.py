@@ -137,3 +137,33 @@ def test_npy_header_length_beyond_the_file_is_refused_before_reading(tmp_path):
     (tmp_path / "h.npy").write_bytes(bytes(raw))
     with pytest.raises(NetrunError, match=r"h.npy: the array header claims 2,147,483,648 bytes"):
         load_npy(tmp_path / "h.npy")
+
+
+def test_yaml_integer_too_long_to_parse_is_a_parse_error():
+    from netrun.util.safe_yaml import safe_load
+
+    with pytest.raises(ParseError, match=r"x.yaml:1:4: .*integer of 5,000 digits"):
+        safe_load("a: " + "7" * 5000 + "\n", "x.yaml")
+
+
+@pytest.mark.parametrize("value", ["null", "{}", "[1, {a: 2}]"])
+def test_yaml_op_argument_that_is_no_number_or_string_is_refused(tmp_path, value):
+    from netrun.model import load_model
+
+    path = tmp_path / "net.yaml"
+    path.write_text("name: n\ninputs: {data: [1, 4]}\nops:\n"
+                    f"  - {{type: Dropout, inputs: [data], outputs: [y], args: {{ratio: {value}}}}}\n")
+    with pytest.raises(NetrunError, match="argument 'ratio' must be a number"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("dim", ["1.5", "nan", "true", "{ }"])
+def test_caffe_legacy_input_dim_of_the_wrong_type_is_a_listed_problem(tmp_path, dim):
+    from netrun.model import load_model
+
+    path = tmp_path / "net.prototxt"
+    path.write_text(f'name: "n"\ninput: "data"\ninput_dim: 1\ninput_dim: {dim}\n'
+                    'input_dim: 4\ninput_dim: 4\nlayer { name: "r" type: "ReLU" '
+                    'bottom: "data" top: "data" }\n')
+    with pytest.raises(NetrunError, match="input_dim"):
+        load_model(path)
