@@ -144,6 +144,12 @@ def _coerce(key: str, value: Any) -> Any:
         return tuple(_as_int(v, bad) for v in items)
     if key in _INT_KEYS:
         return _as_int(value, bad)
+    if isinstance(value, str):
+        # PyYAML (YAML 1.1) reads `1e-3` as a string; the solver section accepts it too.
+        try:
+            value = float(value)
+        except ValueError:
+            raise bad from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise bad
     return float(value)
