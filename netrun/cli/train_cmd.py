@@ -26,10 +26,13 @@ from netrun.cli.console import abort, console
                    "(maps a Caffe net's LMDB Data layers to a netrun source).")
 @click.option("--weights", type=click.Path(dir_okay=False),
               help="Start from these weights: a netrun checkpoint or a Caffe .caffemodel(.h5).")
+@click.option("--weights-partial", is_flag=True,
+              help="Let --weights leave some layers at their initial values and skip file "
+                   "layers the model lacks (fine-tuning with renamed layers).")
 @algo_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def train(config, device, output, resume, overrides, max_iter, data_dir, data_spec, weights,
-          algo_search, workspace_limit, as_json):
+          weights_partial, algo_search, workspace_limit, as_json):
     """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
     from netrun.train.config import load_config, with_overrides  # lazy
     from netrun.train.trainer import Callbacks, Trainer  # lazy: loaded when the command runs
@@ -63,7 +66,7 @@ def train(config, device, output, resume, overrides, max_iter, data_dir, data_sp
     elif weights:
         from netrun.weights import load_weights  # lazy: loaded when the command runs
 
-        console.info(f"initial weights: {load_weights(trainer.ws, weights, trainer.model)}")
+        console.info(f"initial weights: {load_weights(trainer.ws, weights, trainer.model, weights_partial)}")
 
     state = {"start": time.perf_counter(), "examples": 0, "loss": None, "test": None}
     progress = _progress(cfg.solver.max_iter, trainer.iteration, as_json)
