@@ -2,7 +2,8 @@
 
 A writer is a transaction: everything goes to a temporary file next to the target, which
 is fsynced and renamed over the target only on commit, so a crash or a kill at any point
-leaves the previous file intact. Every dataset carries a CRC32 that readers verify.
+leaves the previous file intact. Every dataset carries a CRC32 of its bytes and its dtype
+(files from before the dtype was recorded still load), which readers verify.
 
 The reader trusts nothing in the file: before reading any data it walks every link and
 refuses what the writer never makes (soft and external links, virtual or external-storage
@@ -53,10 +54,14 @@ class H5Writer:
         array = np.asarray(array)
         ds = self._f.create_dataset(key, data=array)
         ds.attrs["crc32"] = _crc(array)
+        # The CRC covers the bytes only; a damaged datatype message could make the same bytes
+        # read as another type (float32 as uint32), so the type is recorded beside it.
+        ds.attrs["dtype"] = array.dtype.str
 
     def put_text(self, key: str, text: str) -> None:
         self._f.create_dataset(key, data=np.frombuffer(text.encode(), dtype=np.uint8))
         self._f[key].attrs["crc32"] = zlib.crc32(text.encode()) & 0xFFFFFFFF
+        self._f[key].attrs["dtype"] = np.dtype(np.uint8).str
         self._f[key].attrs["text"] = 1
 
     def put_json(self, key: str, value: Any) -> None:
@@ -218,7 +223,7 @@ class H5Reader:
 
     def keys(self, group: str) -> list[str]:
         """Names stored directly under a group ('' for the root)."""
-        if group and self._entries.get(group, 0) is not None:
+        if group and (group not in self._entries or self._entries[group] is not None):
             return []                       # absent, or a dataset rather than a group
         prefix = f"{group}/" if group else ""
         return sorted(k[len(prefix):] for k in self._entries
@@ -238,11 +243,15 @@ class H5Reader:
         try:
             ds = self._f[key]
             value = np.asarray(ds[()])
+            value = value.astype(value.dtype.newbyteorder("="), copy=False)
             crc = int(np.asarray(ds.attrs["crc32"]))
+            dtype = ds.attrs.get("dtype")      # absent in files written before it was added
+            dtype = None if dtype is None else str(np.asarray(dtype).astype(str))
         except DAMAGE as e:
             raise CheckpointError(f"checkpoint '{self.path}': entry '{key}' cannot be read "
                                   f"(corrupt?): {e}") from None
-        if value.shape != self.shape(key) or _crc(value) != crc:
+        if (value.shape != self.shape(key) or _crc(value) != crc
+                or (dtype is not None and dtype != value.dtype.str)):
             raise CheckpointError(f"checkpoint '{self.path}': entry '{key}' fails its checksum "
                                   f"(the file is corrupt)")
         return value
