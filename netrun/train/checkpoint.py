@@ -67,12 +67,34 @@ class CheckpointInfo:
         except NetrunError as e:
             raise CheckpointError(f"checkpoint '{self.path}': its '{which}' net does not "
                                   f"parse: {e}") from None
-        problems = net_problems(net)
+        problems = net_problems(net) or self._fill_problems(net)
         if problems:
             raise CheckpointError(f"checkpoint '{self.path}': its '{which}' net is refused "
                                   f"(a checkpoint's nets may only compute):\n  - "
                                   + "\n  - ".join(problems))
         return net
+
+    def _fill_problems(self, net: NetDef) -> list[str]:
+        # Fillers allocate what their arguments say; in a netrun net each fills a blob that
+        # the checkpoint stores, so none may be larger than the largest of those.
+        largest = max((_size(s) for s in self.shapes.values()), default=1)
+        problems = []
+        for o in net.ops:
+            if not o.type.endswith("Fill"):
+                continue
+            if o.args.get("input_as_shape"):
+                problems.append(f"op {o.label}: input_as_shape (netrun never writes it)")
+            elif _size(o.args.get("shape") or []) > max(largest, 1):
+                problems.append(f"op {o.label}: fills {_size(o.args['shape']):,} elements, "
+                                f"more than any blob the checkpoint stores")
+        return problems
+
+
+def _size(shape) -> int:
+    n = 1      # Python ints: no overflow however large the dimensions
+    for d in shape if isinstance(shape, list) else [shape]:
+        n *= abs(d) if isinstance(d, int) else 1
+    return n
 
 
 # Operator families a stored net may use: computation on blobs in memory, nothing else.

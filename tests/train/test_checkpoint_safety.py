@@ -145,6 +145,16 @@ def test_unknown_ops_and_bad_arguments_are_all_listed(good):
     assert "control characters" in text
 
 
+def test_fillers_larger_than_any_stored_blob_are_refused(good):
+    bad = copy(good, "fill.h5")
+    with_net_op(bad, "predict", op("ConstantFill", [], ["big"], shape=[1 << 20, 1 << 20]))
+    with_net_op(bad, "init", op("ConstantFill", ["f2_b"], ["big2"], input_as_shape=1))
+    with pytest.raises(CheckpointError, match="fills 1,099,511,627,776 elements"):
+        Predictor.from_checkpoint(bad)
+    with pytest.raises(CheckpointError, match="input_as_shape"):
+        prepare(str(bad), 4, "cpu", False)
+
+
 def test_a_net_that_does_not_parse_is_a_checkpoint_error(good):
     bad = copy(good, "garbled.h5")
     with h5py.File(bad, "r+") as f:
