@@ -39,7 +39,11 @@ class Predictor:
         self.net.name = "predict"
         self.ws = ws
         self.config = config or {}
-        self.input_name = next((n for n in inputs if n not in labels), None) or net.external_inputs[0]
+        self.input_name = next((n for n in inputs if n not in labels), None) or next(
+            iter(net.external_inputs), None)
+        if self.input_name is None or not net.ops or not (outputs or net.ops[-1].outputs):
+            raise NetrunError(f"the predict net '{net.name}' has no input or no output to "
+                              f"predict with")
         spec = inputs.get(self.input_name)
         self.example_shape = tuple(spec[0]) if spec else None
         self.output_name = (outputs or [net.ops[-1].outputs[0]])[0]
@@ -49,12 +53,13 @@ class Predictor:
     @classmethod
     def from_checkpoint(cls, checkpoint: str | os.PathLike, device: str = "cpu") -> "Predictor":
         """The predict net and parameters a netrun checkpoint holds."""
-        info = ckpt.read_info(checkpoint)
+        info = ckpt.read_info(checkpoint)      # checks meta types; info.net checks the net
         model = info.meta.get("model", {})
+        config = info.meta.get("config")
         ws = Workspace(device)
         ckpt.load_blobs(ws, checkpoint, info.params, "params")
         return cls(info.net("predict"), ws, model.get("inputs", {}), model.get("labels", []),
-                   model.get("outputs", []), info.meta.get("config"))
+                   model.get("outputs", []), config if isinstance(config, dict) else None)
 
     @classmethod
     def from_model(cls, path: str | os.PathLike, weights: str | os.PathLike,
@@ -77,7 +82,12 @@ class Predictor:
     def transform(self):
         """The test-time transform of the training config (scale, mean, crop)."""
         cfg = self.config.get("data", {}) or {}
-        return make_transform(cfg.get("transform"))
+        tcfg = cfg.get("transform") if isinstance(cfg, dict) else None
+        try:
+            return make_transform(tcfg if isinstance(tcfg, dict) else None)
+        except (TypeError, ValueError) as e:    # a stored config is data: it may be anything
+            raise NetrunError(f"the training config's data.transform is invalid ({e}); "
+                              f"pass --raw to feed the input as is") from None
 
     def predict(self, data: np.ndarray, batch_size: int = 256) -> np.ndarray:
         """Class probabilities for every example (softmax applied if the net ends in logits)."""
@@ -159,13 +169,18 @@ def _read_spec(spec: str, predictor: Predictor, data_dir: str | None):
     cfg, part = parse_spec(spec)
     if cfg["source"].endswith("-10k"):                 # mnist-10k:test is mnist, split mnist-10k
         cfg = {"source": cfg["source"][: -len("-10k")], "split": "mnist-10k"}
-    trained = dict(predictor.config.get("data", {}) or {})
+    trained = predictor.config.get("data") if isinstance(predictor.config, dict) else None
+    trained = dict(trained) if isinstance(trained, dict) else {}
     if trained.get("source") == cfg["source"]:
         # The same source as in training: keep its settings (folder, counts, seed, split).
         for key in ("batch_size", "test_batch_size", "transform"):
             trained.pop(key, None)
         if "dir" in trained:
             trained["dir"] = expand(str(trained["dir"]))
+            if data_dir is None:
+                # A folder named by the checkpoint (data, not the user's word) is only read:
+                # no download into it and no cache written there.
+                trained.update(download=False, cache=False)
         cfg = {**trained, **cfg}
     source = make_source(cfg, data_dir)
     arrays = source.part(part or "test")

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from netrun.caffe.wire import read_caffemodel
+from netrun.core.db import DAMAGE, check_h5_tree
 from netrun.errors import CheckpointError
 
 
@@ -58,26 +59,29 @@ def read_caffe_weights(path: str | Path) -> dict[str, list[np.ndarray]]:
 def _read_hdf5(path: Path) -> dict[str, list[np.ndarray]]:
     import h5py  # lazy: a heavy import that only HDF5 paths need
 
-    layers: dict[str, list[np.ndarray]] = {}
-
-    def walk(group, prefix: str) -> None:
-        keys = list(group)
-        if keys and all(k.isdigit() and isinstance(group[k], h5py.Dataset) for k in keys):
-            layers[prefix] = [np.asarray(group[k][()], np.float32)
-                              for k in sorted(keys, key=int)]
-            return
-        for k in keys:
-            if isinstance(group[k], h5py.Group):
-                walk(group[k], f"{prefix}/{k}" if prefix else k)
-
     try:
         with h5py.File(path, "r") as f:
-            if "data" not in f:
+            # Links, virtual or external data and oversized datasets are refused unread.
+            entries = check_h5_tree(f, path, need_crc=False)
+            if "data" not in entries or entries["data"] is not None:
                 raise CheckpointError(f"{path}: an HDF5 caffemodel has a 'data' group")
-            walk(f["data"], "")
-    except OSError as e:
+            return {layer[len("data/"):] if layer != "data" else "":
+                    [np.asarray(f[f"{layer}/{k}"][()], np.float32) for k in sorted(keys, key=int)]
+                    for layer, keys in _layer_groups(entries).items()}
+    except DAMAGE as e:
         raise CheckpointError(f"{path}: cannot read the HDF5 caffemodel ({e})") from None
-    return layers
+
+
+def _layer_groups(entries: dict) -> dict[str, list[str]]:
+    """Groups under data/ whose members are all datasets named 0, 1, ...: Caffe's layers."""
+    children: dict[str, list[tuple[str, bool]]] = {}
+    for key, entry in entries.items():
+        parent, _, name = key.rpartition("/")
+        if key == "data" or not (parent == "data" or parent.startswith("data/")):
+            continue
+        children.setdefault(parent, []).append((name, entry is not None))
+    return {group: [n for n, _ in members] for group, members in children.items()
+            if all(n.isdigit() and is_data for n, is_data in members)}
 
 
 def layer_params(model) -> dict[str, list[str]]:
@@ -107,10 +111,13 @@ def _squeeze(shape) -> tuple[int, ...]:
     return shape
 
 
-def load_caffe_weights(ws, path: str | Path, model) -> WeightReport:
+def load_caffe_weights(ws, path: str | Path, model, partial: bool = False) -> WeightReport:
     """Copy the weights of a caffemodel into the workspace's parameter blobs, by layer name.
 
     Raises CheckpointError listing every mismatch (blob count or shape) before loading any.
+    A file that fills no layer is an error; so, unless `partial`, is one that leaves model
+    layers at their initial values or holds layers the model lacks (fine-tuning with a
+    renamed layer is the case for `partial`, `--weights-partial` on the command line).
     """
     blobs = read_caffe_weights(path)
     table = layer_params(model)
@@ -135,13 +142,31 @@ def load_caffe_weights(ws, path: str | Path, model) -> WeightReport:
     if problems:
         raise CheckpointError(f"{path}: {len(problems)} blob(s) do not fit the model, nothing "
                               f"was loaded:\n  " + "\n  ".join(problems))
+    report.missing = [layer for layer in table if layer not in blobs]
+    if not plan:
+        raise CheckpointError(f"{path}: no layer of the file matches a layer of the model, "
+                              f"nothing to load (file layers: {', '.join(blobs) or 'none'}; "
+                              f"model layers: {', '.join(table) or 'none'})")
+    if not partial and (report.missing or report.ignored):
+        raise CheckpointError(f"{path}: the weights do not cover the model exactly, nothing "
+                              f"was loaded:{partial_hint(report.missing, report.ignored, 'layers')}")
     for layer, name, array, want in plan:
         ws.feed_blob(name, np.ascontiguousarray(array.reshape(want or array.shape),
                                                 dtype=np.float32))
         report.loaded.setdefault(layer, []).append(name)
         report.values += array.size
-    report.missing = [layer for layer in table if layer not in blobs]
     return report
+
+
+def partial_hint(missing: list[str], extra: list[str], what: str) -> str:
+    """The lines listing unloaded and unmatched names, and how to allow a partial load."""
+    text = ""
+    if missing:
+        text += f"\n  model {what} the file lacks (would keep initial values): {', '.join(missing)}"
+    if extra:
+        text += f"\n  file {what} the model lacks: {', '.join(extra)}"
+    return (text + "\n  If that is intended (fine-tuning with renamed or new layers), pass "
+            "--weights-partial (partial=True in Python).")
 
 
 def _fmt(shape) -> str:

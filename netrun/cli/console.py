@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 from typing import Any, Iterable, NoReturn, Sequence
@@ -102,8 +103,8 @@ class Console:
         click.echo(text, nl=not text.endswith("\n"), file=self.stdout)
 
     def json(self, data: Any) -> None:
-        """Machine-readable output for --json."""
-        click.echo(json.dumps(data, indent=2))
+        """Machine-readable output for --json (strict JSON: NaN and infinities become null)."""
+        click.echo(json_text(data), file=self.stdout)
 
     def table(self, columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None,
               right: Sequence[str] = ()) -> None:
@@ -134,6 +135,21 @@ class Console:
 
     def error(self, message: str) -> None:
         self.err.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+
+
+def json_text(data: Any, indent: int | None = 2) -> str:
+    """Strict JSON text: NaN and ±Infinity (which JSON lacks) are written as null."""
+    return json.dumps(_finite(data), indent=indent, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 console = Console()

@@ -1,12 +1,11 @@
 """`netrun infer CHECKPOINT INPUT`: predictions (and accuracy when labels are known)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from netrun.cli.console import console
+from netrun.cli.console import console, json_text
 from netrun.errors import NetrunError
 
 SHOWN = 20
@@ -81,7 +80,7 @@ def _write(path: Path, probs, top, records) -> None:
     elif path.suffix == ".npz":
         np.savez(path, probabilities=probs, top_k=top)
     elif path.suffix == ".json":
-        path.write_text(json.dumps(records))
+        path.write_text(json_text(records, indent=None))
     elif path.suffix == ".csv":
         lines = ["index,prediction,probability" + (",label" if "label" in records[0] else "")]
         for r in records:

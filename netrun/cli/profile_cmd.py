@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from netrun.cli.algo_options import algo_options, configure_algos
-from netrun.cli.console import console
+from netrun.cli.console import console, json_text
 from netrun.cli.inspect_cmd import parse_inputs
 
 
@@ -28,7 +28,6 @@ from netrun.cli.inspect_cmd import parse_inputs
 def profile(target, batch, iters, warmup, device, forward_only, inputs, json_file, trace, top,
             compare_algos, algo_search, workspace_limit):
     """Time every operator of a model, train config or checkpoint (Caffe's `caffe time`)."""
-    import json  # lazy: loaded when the command runs
     import warnings  # lazy: loaded when the command runs
 
     from netrun.profile.targets import prepare  # lazy: loaded when the command runs
@@ -54,7 +53,7 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
             console.json(data)
             return
         with open(json_file, "w") as f:
-            json.dump(data, f, indent=2)
+            f.write(json_text(data) + "\n")
     if trace:
         result.write_trace(trace)
         console.info(f"trace written to {trace}")

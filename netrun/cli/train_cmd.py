@@ -38,10 +38,13 @@ from netrun.cli.signals import StopRequest, signal_name
                    "(maps a Caffe net's LMDB Data layers to a netrun source).")
 @click.option("--weights", type=click.Path(dir_okay=False),
               help="Start from these weights: a netrun checkpoint or a Caffe .caffemodel(.h5).")
+@click.option("--weights-partial", is_flag=True,
+              help="Let --weights leave some layers at their initial values and skip file "
+                   "layers the model lacks (fine-tuning with renamed layers).")
 @algo_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def train(config, device, output, resume, force, allow_changes, overrides, max_iter, data_dir,
-          data_spec, weights, algo_search, workspace_limit, as_json):
+          data_spec, weights, weights_partial, algo_search, workspace_limit, as_json):
     """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
     from netrun.train import run_folder  # lazy
     from netrun.train.config import load_config, with_overrides  # lazy
@@ -94,7 +97,8 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
     elif weights:
         from netrun.weights import load_weights  # lazy: loaded when the command runs
 
-        console.info(f"initial weights: {load_weights(trainer.ws, weights, trainer.model)}")
+        loaded = load_weights(trainer.ws, weights, trainer.model, weights_partial)
+        console.info(f"initial weights: {loaded}")
     if stop.requested():      # before --force deletes anything: nothing has changed yet
         console.warn(f"stopped by {signal_name(stop.first)} before training started; "
                      f"nothing was written")

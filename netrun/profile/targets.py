@@ -3,6 +3,8 @@
 A training profile binds the step and update nets as one net (phases forward, backward,
 update) and feeds random inputs of the right shapes; a forward-only profile binds the
 predict net. Costs come from shape inference; where that fails the times still stand.
+A checkpoint's nets run only after checkpoint.CheckpointInfo.net has checked them (compute
+ops only: nothing in a checkpoint may read or write files).
 """
 from __future__ import annotations
 
@@ -18,12 +20,16 @@ from netrun.core.net import SimpleNet
 from netrun.core.schema import Cost, TensorSpec
 from netrun.core.shape_inference import infer_shapes
 from netrun.core.workspace import Workspace
-from netrun.errors import ShapeError
+from netrun.errors import CheckpointError, ShapeError
 from netrun.model import load_model
 from netrun.proto.defs import NetDef
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import SolverConfig, load_config
 from netrun.train.solver import build_training
+
+
+# Random inputs fed for a checkpoint's model: more elements than this is a hostile shape.
+_MAX_FEED = 1 << 30
 
 
 @dataclass
@@ -118,7 +124,7 @@ def _from_checkpoint(path, batch, device, forward_only, seed):
     inputs = {n: (None if v is None else TensorSpec(tuple(v[0]), v[1]))
               for n, v in meta_model.get("inputs", {}).items()}
     labels = list(meta_model.get("labels", []))
-    batch = batch or int(((info.meta.get("config") or {}).get("data") or {}).get("batch_size", 64))
+    batch = batch or _stored_batch(info)
     ws = Workspace(device or "cpu", seed=seed)
     if forward_only:
         net = info.net("predict")
@@ -130,12 +136,17 @@ def _from_checkpoint(path, batch, device, forward_only, seed):
         ws.run_net_once(init)
         ckpt.load_blobs(ws, path, info.params, "params")
         ckpt.load_blobs(ws, path, info.optimizer, "optimizer")
-        n_fwd = len(info.net("test").ops)  # forward ops come first in the step net
+        # Forward ops come first in the step net (a hostile test net may be longer).
+        n_fwd = min(len(info.net("test").ops), len(step.ops))
         net = NetDef("profile_train", step.ops + update.ops)
         phases = (["forward"] * n_fwd + ["backward"] * (len(step.ops) - n_fwd)
                   + ["update"] * len(update.ops))
     rng = np.random.default_rng(seed)
     specs = {n: TensorSpec((batch, *s.shape), s.dtype) for n, s in inputs.items() if s is not None}
+    for name, spec in specs.items():
+        if int(np.prod(spec.shape, dtype=object)) > _MAX_FEED:
+            raise CheckpointError(f"checkpoint '{path}': input '{name}' ({spec} at batch "
+                                  f"{batch}) is too large to feed; pass a smaller --batch")
     classes = 10
     feeds = {n: (rng.integers(0, classes, size=s.shape).astype(s.dtype) if n in labels
                  else rng.standard_normal(s.shape).astype(s.dtype)) for n, s in specs.items()
@@ -150,6 +161,16 @@ def _from_checkpoint(path, batch, device, forward_only, seed):
         specs[name] = TensorSpec(tuple(info.shapes[name]), str(ws.get_blob(name).dtype))
     costs = _costs(init, net, specs)
     return ProfileTarget(ws.create_net(net), phases, costs, feed, f"checkpoint {path}", batch)
+
+
+def _stored_batch(info) -> int:
+    """The training batch size a checkpoint's config names, else 64."""
+    data = (info.meta.get("config") or {}).get("data")
+    batch = data.get("batch_size", 64) if isinstance(data, dict) else 64
+    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= 1 << 20:
+        raise CheckpointError(f"checkpoint '{info.path}': config data.batch_size is {batch!r}, "
+                              f"not a batch size; pass --batch")
+    return batch
 
 
 def _num_classes(model, batch, overrides) -> int:

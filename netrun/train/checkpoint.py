@@ -8,6 +8,19 @@ Layout (groups of the file):
                        model inputs/outputs, solver type, parameter shapes, RNG states,
                        data-loader position, learning rate, best test accuracy
 Nothing in the file is ever executed (no pickle): nets are text, metadata is JSON.
+
+A checkpoint is data, never code. A file may come from anyone, so reading one trusts nothing:
+- the HDF5 reader (core/db.py) refuses links, virtual and external datasets, missing CRCs,
+  non-numeric dtypes and datasets larger than the file before reading any data;
+- read_info checks the type of every meta entry it knows and that each listed blob is stored
+  with the shape meta gives it, so later code never meets a hostile value it did not expect;
+- a stored net (CheckpointInfo.net) is checked against an allow-list before anyone runs it:
+  every op must have a schema of a pure-compute family (_COMPUTE_FAMILIES; the 'db' family of
+  Save and Load, or any family added later, is refused until added here on purpose), take
+  no argument that names a file, and pass its schema's checks; blob names must be short
+  printable strings. We check rather than rebuild the nets from the stored config because
+  the model file a config names is often gone (or moved) when a checkpoint is used.
+Whatever fails is one CheckpointError naming the file and listing every problem.
 """
 from __future__ import annotations
 
@@ -20,8 +33,10 @@ from typing import Any
 
 import numpy as np
 
+import netrun.ops  # noqa: F401  the op schemas that stored nets are checked against
 from netrun.core.db import open_db
-from netrun.errors import CheckpointError
+from netrun.core.schema import get_schema
+from netrun.errors import CheckpointError, NetrunError
 from netrun.proto.defs import NetDef, op
 from netrun.proto.pbtxt import netdef_from_text
 from netrun.util.atomic import discard, publish, temp_path_beside
@@ -43,12 +58,89 @@ class CheckpointInfo:
         return int(self.meta.get("iteration", 0))
 
     def net(self, which: str) -> NetDef:
-        """A net stored as text in the checkpoint (init, step, update, test, predict)."""
+        """A net stored in the checkpoint (init, step, update, test, predict), checked safe to run."""
         nets = self.meta.get("nets", {})
         if which not in nets:
             raise CheckpointError(f"checkpoint '{self.path}' holds no '{which}' net "
                                   f"(it has: {', '.join(sorted(nets)) or 'none'})")
-        return netdef_from_text(nets[which], f"{self.path}:{which}")
+        try:
+            net = netdef_from_text(nets[which], f"{self.path}:{which}")
+        except NetrunError as e:
+            raise CheckpointError(f"checkpoint '{self.path}': its '{which}' net does not "
+                                  f"parse: {e}") from None
+        problems = net_problems(net) or self._fill_problems(net)
+        if problems:
+            raise CheckpointError(f"checkpoint '{self.path}': its '{which}' net is refused "
+                                  f"(a checkpoint's nets may only compute):\n  - "
+                                  + "\n  - ".join(problems))
+        return net
+
+    def _fill_problems(self, net: NetDef) -> list[str]:
+        # Fillers allocate what their arguments say; in a netrun net each fills a blob that
+        # the checkpoint stores, so none may be larger than the largest of those.
+        largest = max((_size(s) for s in self.shapes.values()), default=1)
+        problems = []
+        for o in net.ops:
+            if not o.type.endswith("Fill"):
+                continue
+            if o.args.get("input_as_shape"):
+                problems.append(f"op {o.label}: input_as_shape (netrun never writes it)")
+            elif _size(o.args.get("shape") or []) > max(largest, 1):
+                problems.append(f"op {o.label}: fills {_size(o.args['shape']):,} elements, "
+                                f"more than any blob the checkpoint stores")
+        return problems
+
+
+def _size(shape) -> int:
+    n = 1      # Python ints: no overflow however large the dimensions
+    for d in shape if isinstance(shape, list) else [shape]:
+        n *= abs(d) if isinstance(d, int) else 1
+    return n
+
+
+# Operator families a stored net may use: computation on blobs in memory, nothing else.
+_COMPUTE_FAMILIES = frozenset({
+    "activation", "caffe_ops", "conv", "dropout", "elementwise", "fc", "fill", "loss",
+    "metrics", "movement", "norm", "optimizers", "pool", "reduce", "reshape", "softmax",
+    "solver_ops", "unary"})
+# A second guard for an I/O op that lands in a compute family by mistake.
+_FILE_ARGS = frozenset({"db", "db_type", "path", "file", "filename", "files", "dir", "folder",
+                        "directory", "url", "source", "output", "attrs"})
+_MAX_NAME = 1024
+
+
+def net_problems(net: NetDef) -> list[str]:
+    """Why a stored net may not run: unknown or file-touching ops, bad args, odd blob names."""
+    problems: list[str] = []
+    names = [*net.external_inputs, *net.external_outputs]
+    for o in net.ops:
+        names += [*o.inputs, *o.outputs]
+        try:
+            schema = get_schema(o.type)
+        except NetrunError:
+            problems.append(f"op {o.label}: unknown op type '{o.type}'")
+            continue
+        files = sorted(set(o.args) & _FILE_ARGS | {a.name for a in schema.args} & _FILE_ARGS)
+        if schema.family not in _COMPUTE_FAMILIES or files:
+            problems.append(f"op {o.label}: '{o.type}' ({schema.family or 'no'} family"
+                            f"{', arguments ' + ', '.join(files) if files else ''}) is not "
+                            f"a compute op")
+            continue
+        try:
+            schema.verify(o)
+        except NetrunError as e:
+            problems.append(str(e))
+    bad = sorted({n for n in names if not _sane_name(n)})
+    if net.name and not _sane_name(net.name):
+        problems.append("the net's name is too long or holds control characters")
+    if bad:
+        problems.append(f"blob names that are empty, too long or hold control characters: "
+                        f"{', '.join(repr(n[:40]) for n in bad[:10])}")
+    return problems
+
+
+def _sane_name(name) -> bool:
+    return (isinstance(name, str) and 0 < len(name) <= _MAX_NAME and name.isprintable())
 
 
 def write_checkpoint(ws, path: str | os.PathLike, params: list[str], optimizer: list[str],
@@ -72,7 +164,7 @@ def _json_default(value: Any) -> Any:
 
 
 def read_info(path: str | os.PathLike) -> CheckpointInfo:
-    """Open a checkpoint and read its metadata (validates format and integrity markers)."""
+    """Open a checkpoint and read its metadata (validates format, integrity and meta types)."""
     with open_db(path, "r") as db:
         meta = {}
         for key in db.keys("meta"):
@@ -80,8 +172,103 @@ def read_info(path: str | os.PathLike) -> CheckpointInfo:
         for group in ("params", "state"):
             if not db.keys(group):
                 raise CheckpointError(f"checkpoint '{path}' has no {group} (not a netrun checkpoint?)")
+        problems = meta_problems(meta)
+        if not problems:
+            problems = _stored_shape_problems(db, meta)
+    if problems:
+        raise CheckpointError(f"checkpoint '{path}' has invalid metadata (corrupt or not "
+                              f"written by netrun):\n  - " + "\n  - ".join(problems))
     return CheckpointInfo(str(path), meta, list(meta.get("params", [])),
                           list(meta.get("optimizer_blobs", [])), meta.get("shapes", {}))
+
+
+def _is_int(value, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_strs(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_dims(value) -> bool:
+    return isinstance(value, list) and len(value) <= 32 and all(_is_int(d) for d in value)
+
+
+def _is_input(value) -> bool:
+    # None (shape unknown) or [example dims, dtype name].
+    return value is None or (isinstance(value, list) and len(value) == 2 and _is_dims(value[0])
+                             and isinstance(value[1], str) and value[1] in _DTYPES)
+
+
+_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+# meta key -> (test, what it must be); keys a netrun version never wrote are kept unchecked.
+_META = {
+    "iteration": (_is_int, "an integer >= 0"),
+    "nets": (lambda v: isinstance(v, dict) and all(isinstance(t, str) for t in v.values()),
+             "a mapping of net names to NetDef text"),
+    "shapes": (lambda v: isinstance(v, dict) and all(_is_dims(d) for d in v.values()),
+               "a mapping of blob names to lists of sizes >= 0"),
+    "params": (_is_strs, "a list of blob names"),
+    "optimizer_blobs": (_is_strs, "a list of blob names"),
+    "state_blobs": (_is_strs, "a list of blob names"),
+    "solver_type": (lambda v: v is None or isinstance(v, str), "a string"),
+    "config": (lambda v: v is None or isinstance(v, dict), "a mapping"),
+    "model": (lambda v: isinstance(v, dict), "a mapping"),
+    "rng": (lambda v: isinstance(v, dict), "a mapping"),
+    "lr": (lambda v: v is None or _is_number(v), "a number"),
+    "best_accuracy": (_is_number, "a number"),
+    "device": (lambda v: isinstance(v, str), "a string"),
+    "netrun_version": (lambda v: isinstance(v, str), "a string"),
+}
+_MODEL = {
+    "name": (lambda v: isinstance(v, str), "a string"),
+    "inputs": (lambda v: isinstance(v, dict) and all(_is_input(i) for i in v.values()),
+               "a mapping of input names to [dims, dtype] or null"),
+    "labels": (_is_strs, "a list of blob names"),
+    "outputs": (_is_strs, "a list of blob names"),
+    "loss": (lambda v: v is None or isinstance(v, str), "a blob name"),
+    "metrics": (_is_strs, "a list of blob names"),
+}
+
+
+def meta_problems(meta: dict[str, Any]) -> list[str]:
+    """What is wrong with the types of a checkpoint's meta entries (empty when nothing)."""
+    problems = [f"meta/{key} must be {what}" for key, (ok, what) in _META.items()
+                if key in meta and not ok(meta[key])]
+    for key in ("params", "shapes"):
+        if key not in meta:
+            problems.append(f"meta/{key} is missing")
+    model = meta.get("model")
+    if isinstance(model, dict):
+        problems += [f"meta/model.{key} must be {what}" for key, (ok, what) in _MODEL.items()
+                     if key in model and not ok(model[key])]
+    if not problems:
+        shapes = meta["shapes"]
+        listed = [*meta["params"], *meta.get("optimizer_blobs", []), *meta.get("state_blobs", [])]
+        unshaped = [n for n in listed if n not in shapes]
+        if unshaped:
+            problems.append(f"meta/shapes lacks {', '.join(unshaped[:10])}")
+    return problems
+
+
+def _stored_shape_problems(db, meta: dict[str, Any]) -> list[str]:
+    """Blobs that meta lists but the file lacks, or stores with another shape."""
+    problems = []
+    for group, key in (("params", "params"), ("optimizer", "optimizer_blobs"),
+                       ("state", "state_blobs")):
+        for name in meta.get(key, []):
+            stored = db.shape(f"{group}/{name}")
+            want = tuple(meta["shapes"][name])
+            if stored is None:
+                problems.append(f"{group}/{name} is listed in meta but not stored")
+            elif stored != want:
+                problems.append(f"{group}/{name} is stored as {_dims(stored)}, meta says "
+                                f"{_dims(want)}")
+    return problems
 
 
 def check_compatible(info: CheckpointInfo, ws, params: list[str], optimizer: list[str],

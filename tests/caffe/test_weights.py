@@ -151,7 +151,10 @@ def test_load_weights_gives_the_caffe_outputs(tmp_path, form):
                                   [blob_proto(np.ones(3))], v1))
         path.write_bytes(net_proto("small", layers, v1))
     ws = init_workspace(model)
-    report = load_caffe_weights(ws, path, model)
+    if form != "hdf5":       # the 'extra' file layer makes the load partial
+        with pytest.raises(CheckpointError, match="file layers the model lacks: extra"):
+            load_caffe_weights(ws, path, model)
+    report = load_caffe_weights(ws, path, model, partial=form != "hdf5")
     assert report.loaded == {"conv": ["conv_w", "conv_b"],
                              "bn": ["bn_mean", "bn_var", "bn_factor"], "fc": ["fc_w", "fc_b"]}
     assert report.ignored == ([] if form == "hdf5" else ["extra"])
@@ -188,7 +191,7 @@ def test_missing_layers_keep_their_initial_values(tmp_path):
     path.write_bytes(net_proto("small", [layer_proto("conv", "Convolution",
                                                      [blob_proto(b) for b in w["conv"]])]))
     ws = init_workspace(model)
-    report = load_caffe_weights(ws, path, model)
+    report = load_caffe_weights(ws, path, model, partial=True)
     assert report.missing == ["bn", "fc"] and "kept initial values for bn, fc" in report.summary()
     np.testing.assert_array_equal(ws.fetch_blob("conv_b"), np.float32(w["conv"][1]))
 
@@ -201,3 +204,60 @@ def test_not_a_caffemodel(tmp_path):
         read_caffe_weights(path)
     with pytest.raises(CheckpointError, match="no such weights file"):
         read_caffe_weights(tmp_path / "missing.caffemodel")
+
+
+def test_an_empty_caffemodel_loads_nothing_and_fails(tmp_path):
+    model = net_from_text(tmp_path, NET)
+    path = tmp_path / "empty.caffemodel"
+    path.write_bytes(b"")
+    for partial in (False, True):          # loading nothing is never what anyone wants
+        with pytest.raises(CheckpointError, match="no layer of the file matches"):
+            load_caffe_weights(init_workspace(model), path, model, partial=partial)
+
+
+def test_unloaded_layers_are_an_error_that_says_how_to_allow_them(tmp_path):
+    model = net_from_text(tmp_path, NET)
+    w = _weights(np.random.default_rng(2))
+    path = tmp_path / "w.caffemodel"
+    path.write_bytes(net_proto("small", [layer_proto("conv", "Convolution",
+                                                     [blob_proto(b) for b in w["conv"]]),
+                                         layer_proto("fc_old", "InnerProduct",
+                                                     [blob_proto(b) for b in w["fc"]])]))
+    ws = init_workspace(model)
+    before = ws.fetch_blob("conv_w").copy()
+    with pytest.raises(CheckpointError) as err:
+        load_caffe_weights(ws, path, model)
+    text = str(err.value)
+    assert "model layers the file lacks (would keep initial values): bn, fc" in text
+    assert "file layers the model lacks: fc_old" in text and "--weights-partial" in text
+    np.testing.assert_array_equal(ws.fetch_blob("conv_w"), before)     # nothing loaded
+
+
+@pytest.mark.parametrize("kind", ["external_link", "soft_link", "virtual", "external_storage",
+                                  "huge", "compound"])
+def test_hostile_hdf5_caffemodels_are_refused(tmp_path, kind):
+    outside = tmp_path / "outside.h5"
+    with h5py.File(outside, "w") as f:
+        f.create_dataset("w", data=np.ones((4, 3, 3, 3), np.float32))
+    path = tmp_path / "w.caffemodel.h5"
+    with h5py.File(path, "w") as f:
+        g = f.create_group("data/conv")
+        if kind == "external_link":
+            g["0"] = h5py.ExternalLink(str(outside), "w")
+        elif kind == "soft_link":
+            f.create_dataset("elsewhere", data=np.ones((4, 3, 3, 3), np.float32))
+            g["0"] = h5py.SoftLink("/elsewhere")
+        elif kind == "virtual":
+            layout = h5py.VirtualLayout((4, 3, 3, 3), np.float32)
+            layout[:] = h5py.VirtualSource(str(outside), "w", (4, 3, 3, 3))
+            g.create_virtual_dataset("0", layout)
+        elif kind == "external_storage":
+            raw = tmp_path / "raw.bin"
+            raw.write_bytes(np.ones(108, np.float32).tobytes())
+            g.create_dataset("0", (4, 3, 3, 3), np.float32, external=[(str(raw), 0, 432)])
+        elif kind == "huge":     # a chunked fill-value dataset: tiny file, 4 TB when read
+            g.create_dataset("0", (1 << 40,), np.float32, chunks=(1024,))
+        else:
+            g.create_dataset("0", data=np.zeros(3, dtype=[("a", "<f4"), ("b", "<i4")]))
+    with pytest.raises(CheckpointError, match="netrun does not read such files"):
+        read_caffe_weights(path)
