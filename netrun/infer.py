@@ -14,7 +14,7 @@ from netrun.errors import NetrunError
 from netrun.model import load_model
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import expand
-from netrun.train.data import make_source, make_transform, parse_spec
+from netrun.train.data import data_keys, make_source, make_transform, parse_spec
 from netrun.train.data.base import as_labels, check_lengths
 from netrun.train.data.hdf5 import h5_read
 from netrun.train.data.numpy_files import NpzArchive, load_npy
@@ -180,7 +180,8 @@ def _read_spec(spec: str, predictor: Predictor, data_dir: str | None):
             if data_dir is None:
                 # A folder named by the checkpoint (data, not the user's word) is only read:
                 # no download into it and no cache written there.
-                trained.update(download=False, cache=False)
+                accepted = data_keys(cfg["source"]) or ()
+                trained.update({k: False for k in ("download", "cache") if k in accepted})
         cfg = {**trained, **cfg}
     source = make_source(cfg, data_dir)
     arrays = source.part(part or "test")
