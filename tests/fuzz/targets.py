@@ -1,8 +1,7 @@
 """The readers under fuzz: for each, how to read one file in-process, and which CLI runs it.
 
 A reader call must end in success or a NetrunError (or OSError, which the CLI also turns
-into exit status 2); anything else is a crash. Readers that belong to work not merged yet
-are listed in KNOWN_CRASHES with the causes seen, so the suite marks them xfail meanwhile.
+into exit status 2); anything else is a crash.
 """
 from __future__ import annotations
 
@@ -215,12 +214,3 @@ def _probe_exit(path: Path, corpus: Corpus):
 PROBES: dict[str, Target] = {t.name: t for t in (
     Target("probe-crash", _probe_crash), Target("probe-hang", _probe_hang),
     Target("probe-memory", _probe_memory), Target("probe-exit", _probe_exit))}
-
-# Readers whose crashes are fixed in files other helpers own (their fixes land separately):
-# the suite marks them xfail(strict=False) with these causes until the fixes are merged.
-KNOWN_CRASHES: dict[str, str] = {
-    "checkpoint": "h5py KeyError/RuntimeError on damaged files escape core/db.py "
-                  "(H5Reader.__init__, H5Reader.keys)",
-    "caffemodel-h5": "h5py KeyError/RuntimeError on damaged files escape "
-                     "caffe/weights.py _read_hdf5 (walk)",
-}

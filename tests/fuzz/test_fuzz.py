@@ -12,7 +12,7 @@ import pytest
 
 from tests.fuzz.corpus import build
 from tests.fuzz.runner import Worker, classify, fuzz, run_cli
-from tests.fuzz.targets import KNOWN_CRASHES, PROBES, TARGETS
+from tests.fuzz.targets import PROBES, TARGETS
 
 CASES = int(os.environ.get("NETRUN_FUZZ_CASES", "30"))
 CLI_CASES = int(os.environ.get("NETRUN_FUZZ_CLI_CASES", "0"))
@@ -29,13 +29,6 @@ def worker(corpus):
     w = Worker(corpus)
     yield w
     w.stop()
-
-
-def _reader(name: str):
-    if name in KNOWN_CRASHES:
-        return pytest.param(name, marks=pytest.mark.xfail(
-            reason=f"crashes fixed in another branch: {KNOWN_CRASHES[name]}", strict=False))
-    return name
 
 
 def test_every_seed_reads(corpus):
@@ -61,7 +54,7 @@ def test_runner_catches_each_failure(corpus):
         worker.stop()
 
 
-@pytest.mark.parametrize("name", [_reader(n) for n in sorted(TARGETS)])
+@pytest.mark.parametrize("name", sorted(TARGETS))
 def test_reader_survives_mutations(name, corpus, worker, tmp_path):
     tally = fuzz(TARGETS[name], corpus, range(CASES), tmp_path / "work", worker, TIMEOUT,
                  save=tmp_path / "failures")
@@ -78,8 +71,7 @@ _CLI = ([(n, c) for n in sorted(TARGETS) if TARGETS[n].cli for c in range(CLI_CA
         if CLI_CASES else _CLI_SAMPLE)
 
 
-@pytest.mark.parametrize("name, case", [pytest.param(*nc, marks=_reader(nc[0]).marks)
-                                        if nc[0] in KNOWN_CRASHES else nc for nc in _CLI])
+@pytest.mark.parametrize("name, case", _CLI)
 def test_cli_exits_0_or_2(name, case, corpus, tmp_path):
     """Through the real CLI: exit 0 or 2, no traceback, nothing written outside its folder."""
     result = run_cli(TARGETS[name], corpus, case, tmp_path)
