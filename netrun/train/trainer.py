@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from netrun.core.workspace import Workspace
-from netrun.errors import NetrunError
+from netrun.errors import CheckpointError, NetrunError
 from netrun.model import load_model
 from netrun.proto.pbtxt import netdef_to_text
 from netrun.train import checkpoint as ckpt
@@ -158,15 +158,22 @@ class Trainer:
         ckpt.load_blobs(self.ws, path, optimizer, "optimizer")
         ckpt.load_blobs(self.ws, path, state, "state")
         meta = info.meta
+        # The file is data: a state the generators or the loader refuse is a damaged
+        # checkpoint, not a bug of ours.
+        try:
+            rng = meta.get("rng", {})
+            if "host" in rng:
+                self.ws.host_rng.bit_generator.state = rng["host"]
+            if "device" in rng:
+                self._set_device_rng(rng["device"])
+            if "data" in meta:
+                self.loader.load_state(meta["data"])
+            best = float(meta.get("best_accuracy", -1.0))
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as e:
+            raise CheckpointError(f"checkpoint '{path}': its RNG or data-loader state is "
+                                  f"damaged ({type(e).__name__}: {e})") from None
         self.iteration = int(meta.get("iteration", 0))
-        rng = meta.get("rng", {})
-        if "host" in rng:
-            self.ws.host_rng.bit_generator.state = rng["host"]
-        if "device" in rng:
-            self._set_device_rng(rng["device"])
-        if "data" in meta:
-            self.loader.load_state(meta["data"])
-        self.best_accuracy = float(meta.get("best_accuracy", -1.0))
+        self.best_accuracy = best if math.isfinite(best) else -1.0
         self.resumed_from = str(path)
         return changes
 

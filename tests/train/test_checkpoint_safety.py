@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from netrun.cli import cli
-from netrun.errors import CheckpointError
+from netrun.errors import CheckpointError, NetrunError
 from netrun.infer import Predictor
 from netrun.profile.targets import prepare
 from netrun.proto.defs import op
@@ -441,3 +441,27 @@ def test_a_damaged_checkpoint_as_weights_names_the_damage(good, tmp_path):
     tr.start()
     with pytest.raises(CheckpointError, match="no checksum"):
         load_weights(tr.ws, bad, tr.model)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("rng", {"host": {"bit_generator": "PCG64", "state": {"state": "x", "inc": 1}}}),
+    ("rng", {"host": {"bit_generator": "Nope"}}),
+    ("data", {"epoch": "x", "index": 0}),
+])
+def test_resume_from_damaged_rng_or_loader_state_is_a_checkpoint_error(good, tiny_config,
+                                                                       tmp_path, key, value):
+    bad = copy(good, f"{key}.h5")
+    with h5py.File(bad, "r+") as f:
+        put_json(f, f"meta/{key}", value)
+    tr = Trainer(load_config(tiny_config), output=str(tmp_path / "other"))
+    with pytest.raises(NetrunError):
+        tr.start(str(bad))
+
+
+def test_a_nan_best_accuracy_in_a_checkpoint_is_not_taken_as_best(good, tiny_config, tmp_path):
+    bad = copy(good, "nanbest.h5")
+    with h5py.File(bad, "r+") as f:
+        put_json(f, "meta/best_accuracy", float("nan"))
+    tr = Trainer(load_config(tiny_config), output=str(tmp_path / "other"))
+    tr.start(str(bad))
+    assert tr.best_accuracy == -1.0
