@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -29,14 +30,20 @@ from threadpoolctl import threadpool_limits
 
 ENV = "NETRUN_THREADS"     # worker threads (default: the usable cores, at most MAX_THREADS)
 MAX_THREADS = 16
-# Chunks of a batch: at most this many (a power of two, so that 2 or 4 threads share them
-# evenly), each with at least MIN_ELEMENTS of work: below that the hand-off costs more than
-# it saves. Changing either changes where partial sums are cut, and so the last bits.
+# Chunks of a batch: a power of two (so that 2 or 4 threads share them evenly), at most
+# MAX_CHUNKS. Work below 2·MIN_ELEMENTS is one chunk (the hand-off would cost more than it
+# saves); above it, two chunks, and more only while each gets CHUNK_ELEMENTS: smaller
+# chunks mean smaller GEMMs (dft_gemm's per-frequency products have the block as one side)
+# and more Python per op, which cost LeNet's training step 15-35% with 8 chunks on 2 cores
+# (measurements: benchmarks/README.md). Changing any of these moves where partial sums are
+# cut, and so the last bits of results.
 MAX_CHUNKS = 8
 MIN_ELEMENTS = 1 << 18
-# `matmul` splits a product into blocks of at least this many flops and rows (columns).
-GEMM_MIN_FLOPS = 8 << 20
-GEMM_MIN_SIDE = 64
+CHUNK_ELEMENTS = 1 << 22
+# `matmul` cuts a product into blocks of at least this many flops and rows (or columns):
+# blocks re-read the other operand and repack it, so LeNet's FC products (51 MFLOP) go in 2.
+GEMM_MIN_FLOPS = 16 << 20
+GEMM_MIN_SIDE = 128
 
 Commit = Callable[[], None]
 _POOL: ThreadPoolExecutor | None = None
@@ -64,7 +71,8 @@ def chunk_count(n: int, work: int = 0) -> int:
     limit): a power of two that depends on n and work only, never on the thread count."""
     limit = min(n, MAX_CHUNKS)
     if work:
-        limit = min(limit, work // max(MIN_ELEMENTS, 1))
+        per_chunk = max(min(2, work // max(MIN_ELEMENTS, 1)), work // max(CHUNK_ELEMENTS, 1))
+        limit = min(limit, per_chunk)
     return _power_of_two(limit)
 
 
@@ -73,15 +81,16 @@ def chunks(xp: Any, n: int, fn: Callable[[int, int, int], Commit | None], work: 
     worker threads (chunk i on worker i % T).
 
     A chunk that must add into a result shared with other chunks returns a commit (a callable
-    doing the add; any other return value is ignored): commits run one at a time in chunk order, each as soon as the chunks before
-    it have finished, so the sums are the same whatever the thread count. Chunks on one worker
-    run one after another: `chunk_scratch` gives a worker's buffers, reused by its next chunk
-    only after this one's commit. A non-NumPy array module runs fn(0, 0, n) on this thread.
+    doing the add; any other return value is ignored): commits run one at a time in chunk
+    order, each as soon as the chunks before it have finished, so the sums are the same
+    whatever the thread count. Chunks on one worker run one after another: `chunk_scratch`
+    gives a worker's buffers, reused by its next chunk only after this one's commit. A
+    non-NumPy array module runs fn(0, 0, n) on this thread.
     """
     if xp is not np:
         _commit(fn(0, 0, n))
         return
-    _run(_bounds(n, chunk_count(n, work)), fn)
+    _run([partial(fn, i, n0, n1) for i, (n0, n1) in enumerate(_bounds(n, chunk_count(n, work)))])
 
 
 def matmul(xp: Any, a, b, out) -> None:
@@ -91,29 +100,41 @@ def matmul(xp: Any, a, b, out) -> None:
     longer side (rows of a, or columns of b: each block reads all of the other operand).
     Every output element is still one BLAS dot product, so no sum depends on the threads.
     """
-    if xp is not np or min(a.ndim, b.ndim, out.ndim) < 2:   # other devices; vectors
-        if xp is np:
-            pin_blas()
-        xp.matmul(a, b, out=out)
+    matmuls(xp, [(a, b, out)])
+
+
+def matmuls(xp: Any, products: Sequence[tuple[Any, Any, Any]]) -> None:
+    """Independent products (a, b, out), as `matmul` does each, all blocks in one hand-off:
+    an FC gradient's dW and dX run side by side."""
+    if xp is not np:
+        for a, b, out in products:
+            xp.matmul(a, b, out=out)
         return
+    flops = sum(2 * out.size * a.shape[-1] for a, _, out in products)
+    if flops < 2 * GEMM_MIN_FLOPS:   # too little for a hand-off
+        pin_blas()
+        for a, b, out in products:
+            np.matmul(a, b, out=out)
+        return
+    _run([job for a, b, out in products for job in _product_blocks(a, b, out)])
+
+
+def _product_blocks(a, b, out) -> list[Callable[[], None]]:
+    """The fixed blocks of out = a @ b, each a call computing its part of out."""
+    if min(a.ndim, b.ndim, out.ndim) < 2:    # a vector: one block
+        return [partial(np.matmul, a, b, out=out)]
     flops = 2 * out.size * a.shape[-1]
-    if out.ndim > 2:
+    if out.ndim > 2:                          # a stack: blocks of its leading axis
         lead = out.shape[0]
         count = _power_of_two(min(MAX_CHUNKS, lead, flops // GEMM_MIN_FLOPS))
-
-        def block(index: int, i0: int, i1: int) -> None:
-            np.matmul(_lead(a, out, i0, i1), _lead(b, out, i0, i1), out=out[i0:i1])
-    else:
-        (m, n), by_rows = out.shape, out.shape[0] >= out.shape[1]
-        lead = max(m, n)
-        count = _power_of_two(min(MAX_CHUNKS, lead // GEMM_MIN_SIDE, flops // GEMM_MIN_FLOPS))
-
-        def block(index: int, i0: int, i1: int) -> None:
-            if by_rows:
-                np.matmul(a[i0:i1], b, out=out[i0:i1])
-            else:
-                np.matmul(a, b[..., i0:i1], out=out[:, i0:i1])
-    _run(_bounds(lead, count), block)
+        return [partial(np.matmul, _lead(a, out, i0, i1), _lead(b, out, i0, i1),
+                        out=out[i0:i1]) for i0, i1 in _bounds(lead, count)]
+    m, n = out.shape
+    count = _power_of_two(min(MAX_CHUNKS, max(m, n) // GEMM_MIN_SIDE, flops // GEMM_MIN_FLOPS))
+    if m >= n:
+        return [partial(np.matmul, a[i0:i1], b, out=out[i0:i1]) for i0, i1 in _bounds(m, count)]
+    return [partial(np.matmul, a, b[:, i0:i1], out=out[:, i0:i1])
+            for i0, i1 in _bounds(n, count)]
 
 
 def _lead(operand, out, i0: int, i1: int):
@@ -176,14 +197,15 @@ def _commit(commit: Any) -> None:
         commit()
 
 
-def _run(bounds: Sequence[tuple[int, int]], fn: Callable[[int, int, int], Commit | None]) -> None:
-    """fn over the chunks `bounds`, chunk i on worker i % T, commits in chunk order."""
+def _run(jobs: Sequence[Callable[[], Any]]) -> None:
+    """The jobs (chunks) on the worker threads, job i on worker i % T; the commits they
+    return run in job order."""
     pin_blas()
-    count = len(bounds)
-    t = min(thread_count(), count)
+    count = len(jobs)
+    t = 1 if count == 1 else min(thread_count(), count)
     if t <= 1 or getattr(_LOCAL, "busy", False):   # one thread, or nested in a chunk
-        for i, (n0, n1) in enumerate(bounds):
-            _commit(fn(i, n0, n1))
+        for job in jobs:
+            _commit(job())
         return
     order = _Order(count)
 
@@ -193,7 +215,7 @@ def _run(bounds: Sequence[tuple[int, int]], fn: Callable[[int, int, int], Commit
             for i in range(w, count, t):
                 if order.failed:
                     return
-                order.finish(i, fn(i, *bounds[i]))
+                order.finish(i, jobs[i]())
         except BaseException:
             order.fail()
             raise

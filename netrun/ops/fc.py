@@ -107,12 +107,13 @@ def fc_gradient(ctx, X, W, dY):
     _, m, k, n = _fc_dims("FCGradient", ctx.args, TensorSpec(X.shape), TensorSpec(W.shape))
     dY2 = dY.reshape(m, n)                                  # (M, N)
     dW = ctx.output(0, W.shape, W.dtype)
-    parallel.matmul(xp, dY2.T, X.reshape(m, k), dW.reshape(n, k))  # (N, M)·(M, K)
-    db = ctx.output(1, (n,), W.dtype)
-    xp.sum(dY2, axis=0, out=db)
+    products = [(dY2.T, X.reshape(m, k), dW.reshape(n, k))]                 # (N, M)·(M, K)
     if len(ctx.def_.outputs) == 3:
         dX = ctx.output(2, X.shape, X.dtype)
-        parallel.matmul(xp, dY2, W.reshape(n, k), dX.reshape(m, k))  # (M, N)·(N, K)
+        products.append((dY2, W.reshape(n, k), dX.reshape(m, k)))            # (M, N)·(N, K)
+    parallel.matmuls(xp, products)      # side by side on the worker threads
+    db = ctx.output(1, (n,), W.dtype)
+    xp.sum(dY2, axis=0, out=db)
 
 
 @register_gradient("FC")
