@@ -34,9 +34,11 @@ MAX_THREADS = 16
 # MAX_CHUNKS. Work below 2·MIN_ELEMENTS is one chunk (the hand-off would cost more than it
 # saves); above it, two chunks, and more only while each gets CHUNK_ELEMENTS: smaller
 # chunks mean smaller GEMMs (dft_gemm's per-frequency products have the block as one side)
-# and more Python per op, which cost LeNet's training step 15-35% with 8 chunks on 2 cores
-# (measurements: benchmarks/README.md). Changing any of these moves where partial sums are
-# cut, and so the last bits of results.
+# and more Python per op, which cost LeNet's training step 15-35% with 8 chunks on 2 cores;
+# for the same reason a chunk is not cut below its caller's block of images except to make
+# two (winograd_jit streams its filter spectrum once per block: 16 images of 256 channels
+# in 8 chunks ran 1.4× slower than in 2) (measurements: benchmarks/README.md). Changing
+# any of these moves where partial sums are cut, and so the last bits of results.
 MAX_CHUNKS = 8
 MIN_ELEMENTS = 1 << 18
 CHUNK_ELEMENTS = 1 << 22
@@ -66,19 +68,22 @@ def thread_count() -> int:
     return max(1, min(cores, MAX_THREADS))
 
 
-def chunk_count(n: int, work: int = 0) -> int:
+def chunk_count(n: int, work: int = 0, block: int = 1) -> int:
     """How many chunks `chunks` cuts range(n) into, given `work` (elements touched; 0: no
-    limit): a power of two that depends on n and work only, never on the thread count."""
-    limit = min(n, MAX_CHUNKS)
+    limit) and the caller's `block` (items it prefers to process at once; chunks are cut
+    smaller only to make two): a power of two that depends on these only, never on the
+    thread count."""
+    limit = min(n, MAX_CHUNKS, max(2, n // max(block, 1)))
     if work:
         per_chunk = max(min(2, work // max(MIN_ELEMENTS, 1)), work // max(CHUNK_ELEMENTS, 1))
         limit = min(limit, per_chunk)
     return _power_of_two(limit)
 
 
-def chunks(xp: Any, n: int, fn: Callable[[int, int, int], Commit | None], work: int = 0) -> None:
-    """fn(index, n0, n1) over the `chunk_count(n, work)` contiguous chunks of range(n), on the
-    worker threads (chunk i on worker i % T).
+def chunks(xp: Any, n: int, fn: Callable[[int, int, int], Commit | None], work: int = 0,
+           block: int = 1) -> None:
+    """fn(index, n0, n1) over the `chunk_count(n, work, block)` contiguous chunks of range(n),
+    on the worker threads (chunk i on worker i % T).
 
     A chunk that must add into a result shared with other chunks returns a commit (a callable
     doing the add; any other return value is ignored): commits run one at a time in chunk
@@ -90,7 +95,8 @@ def chunks(xp: Any, n: int, fn: Callable[[int, int, int], Commit | None], work: 
     if xp is not np:
         _commit(fn(0, 0, n))
         return
-    _run([partial(fn, i, n0, n1) for i, (n0, n1) in enumerate(_bounds(n, chunk_count(n, work)))])
+    bounds = _bounds(n, chunk_count(n, work, block))
+    _run([partial(fn, i, n0, n1) for i, (n0, n1) in enumerate(bounds)])
 
 
 def matmul(xp: Any, a, b, out) -> None:
@@ -148,13 +154,14 @@ def per_thread(n: int, block: int, work: int = 0) -> tuple[int, int]:
     """(scratch copies, images per block) when `chunks` splits n images (`work` as given to
     it) in blocks of at most `block`: what an algorithm's scratch estimate multiplies out.
     There is one set of buffers per thread that runs at the same time as others."""
-    count = chunk_count(n, work)
+    count = chunk_count(n, work, block)
     return max(1, min(thread_count(), count)), max(1, min(block, -(-n // count)))
 
 
 def chunk_scratch(scratch: Callable, index: int) -> Callable:
     """A scratch function for chunk `index` whose buffers no chunk running at the same time
-    shares (the chunks of one worker, which run one after another, share them)."""
+    shares (the chunks of one worker, which run one after another, share them). Work nested
+    in a chunk runs inline on its thread, so it must not use chunk_scratch itself."""
     slot = index % thread_count()     # the worker: chunk i runs on worker i % T (see `chunks`)
     if slot == 0:
         return scratch
@@ -222,7 +229,8 @@ def _run(jobs: Sequence[Callable[[], Any]]) -> None:
         finally:
             _LOCAL.busy = False
 
-    futures = [_pool(t).submit(worker, w) for w in range(1, t)]
+    pool = _pool(t)
+    futures = [pool.submit(worker, w) for w in range(1, t)]
     try:
         worker(0)
     finally:

@@ -100,7 +100,7 @@ class DFTGemm(ConvAlgorithm):
     def workspace_bytes(self, p: ConvProblem) -> int:
         pp, qq = grid(p)
         v = qq // 2 + 1
-        work = p.n * (p.c * p.h * p.w + p.k * p.oh * p.ow) * 8    # as backward's `chunks`
+        work = p.n * (p.c * p.h * p.w + p.k * p.oh * p.ow) * 8    # as the gradients' `chunks`
         threads, b = per_thread(p.n, self.block(p), work)          # each its own buffers
         per_image = max(p.c * p.h * (p.w + 2 * v), p.k * p.oh * (p.ow + 2 * v))
         spectra = 2 * pp * v * (p.c + p.k) * b * 2        # complex: 2 reals each
@@ -123,7 +123,7 @@ class DFTGemm(ConvAlgorithm):
                 _image(xp, yf.reshape(pp, -1, p.k, b), p, (0, 0), out[n0:n1], s)
             add_bias(xp, out[c0:c1], bias)
 
-        chunks(xp, p.n, work, work=p.n * p.k * p.oh * p.ow * 8)
+        chunks(xp, p.n, work, work=p.n * p.k * p.oh * p.ow * 8, block=self.block(p))
 
     def backward_data(self, xp, dy, w, p, out, scratch):
         pp, qq = grid(p)
@@ -140,7 +140,7 @@ class DFTGemm(ConvAlgorithm):
                 xp.matmul(wt, dyf.reshape(f, p.group, p.kg, b), out=dxf)
                 _image(xp, dxf.reshape(pp, -1, p.c, b), p, (p.pt, p.pl), out[n0:n1], s)
 
-        chunks(xp, p.n, work, work=p.n * p.c * p.h * p.w * 8)
+        chunks(xp, p.n, work, work=p.n * p.c * p.h * p.w * 8, block=self.block(p))
 
     def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
         self._gradients(xp, x, dy, None, p, None, out, scratch, dbias)
@@ -181,7 +181,8 @@ class DFTGemm(ConvAlgorithm):
                     acc += part
             return None if index == 0 else (lambda: xp.add(total, acc, out=total))
 
-        chunks(xp, p.n, work, work=p.n * (p.c * p.h * p.w + p.k * p.oh * p.ow) * 8)
+        chunks(xp, p.n, work, work=p.n * (p.c * p.h * p.w + p.k * p.oh * p.ow) * 8,
+               block=self.block(p))
         # The inverse of every filter at once: C/G "images" of K channels each, tap (i, j) at
         # grid position (i·dh, j·dw).
         taps = scratch("dft.taps", (p.cg, p.k, p.kh, p.kw), x.dtype)

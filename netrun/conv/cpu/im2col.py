@@ -55,7 +55,7 @@ class Im2colGemm(ConvAlgorithm):
                 xp.matmul(wg, col.reshape(n1 - n0, p.group, ckk, hw), out=y[n0:n1])
             add_bias(xp, out[c0:c1], bias)
 
-        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw)
+        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw, block=self.block(p))
 
     def backward_data(self, xp, dy, w, p, out, scratch):
         ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
@@ -70,7 +70,7 @@ class Im2colGemm(ConvAlgorithm):
                 xp.matmul(wt, dyv[n0:n1], out=col)
                 _col2im(xp, col.reshape(b, p.c, p.kh, p.kw, p.oh, p.ow), p, out[n0:n1], s)
 
-        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw)
+        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw, block=self.block(p))
 
     def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
         ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
@@ -107,7 +107,7 @@ class Im2colGemm(ConvAlgorithm):
                     dw += part
             return None if index == 0 else (lambda: xp.add(total, dw, out=total))
 
-        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw)
+        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw, block=self.block(p))
         sum_bias(xp, dy, dbias, scratch)
 
 

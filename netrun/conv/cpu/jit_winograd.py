@@ -117,7 +117,7 @@ class JitWinograd(ConvAlgorithm):
                     acc += target
             return None if index == 0 else (lambda: np.add(du, acc, out=du))
 
-        parallel.chunks(xp, p.n, work, work=_work(p))
+        parallel.chunks(xp, p.n, work, work=_work(p), block=self.block(p))
         dw = scratch("wjit.dw", (9, p.k * p.c), p.dtype)
         parallel.matmul(np, g.T, du.reshape(a2, -1), dw)
         out[...] = dw.reshape(3, 3, p.k, p.c).transpose(2, 3, 0, 1)
@@ -140,7 +140,7 @@ class JitWinograd(ConvAlgorithm):
                 np.matmul(v, u, out=prod)          # per (ξ, ν): M (T, K) = V (T, C) @ U (C, K)
                 kernels.scatter(prod, y[b0:b1], at, bias, p.dh, p.dw, th, tw)
 
-        parallel.chunks(np, p.n, work, work=_work(p))
+        parallel.chunks(np, p.n, work, work=_work(p), block=self.block(p))
         if y is not out:
             out[...] = y
 

@@ -75,7 +75,7 @@ class ShiftGemm(ConvAlgorithm):
             if not fuse:
                 add_bias(xp, out[c0:c1], bias)
 
-        chunks(xp, p.n, work, work=p.n * p.k * hw * p.kh)
+        chunks(xp, p.n, work, work=p.n * p.k * hw * p.kh, block=self.block(p))
 
     def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
         fuse = dbias is not None and p.group == 1
@@ -112,7 +112,7 @@ class ShiftGemm(ConvAlgorithm):
                     total_0[...] += dw0
             return commit
 
-        chunks(xp, p.n, work, work=p.n * p.k * p.oh * p.ow * p.kh)
+        chunks(xp, p.n, work, work=p.n * p.k * p.oh * p.ow * p.kh, block=self.block(p))
         if fuse:
             total_r[0, 0] = total_0[:, :ckw]
             dbias[...] = total_0[:, ckw]
@@ -155,7 +155,7 @@ class ShiftGemm(ConvAlgorithm):
                         view += tmp
                 _fold(xp, de.reshape(b, p.c, p.kw, hp, p.ow), p, out[n0:n1])
 
-        chunks(xp, p.n, work, work=p.n * p.c * p.kw * hp * p.ow * p.kh)
+        chunks(xp, p.n, work, work=p.n * p.c * p.kw * hp * p.ow * p.kh, block=self.block(p))
 
 
 # backward_data runs as a forward conv of dY when that computes at most this many times the
