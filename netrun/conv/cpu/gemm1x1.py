@@ -60,8 +60,8 @@ class Gemm1x1(ConvAlgorithm):
         lhs = dyt.reshape(p.group, p.kg, p.n * hw)
         rhs = xt.reshape(p.group, p.cg, p.n * hw).transpose(0, 2, 1)
         dw = out.reshape(p.group, p.kg, p.cg)
-        for g in range(p.group):   # each a big product: split on the worker threads
-            parallel.matmul(xp, lhs[g], rhs[g], dw[g])
+        # one big product per group, each split into blocks on the worker threads
+        parallel.matmuls(xp, [(lhs[g], rhs[g], dw[g]) for g in range(p.group)])
         sum_bias(xp, dy, dbias, scratch)
 
 
