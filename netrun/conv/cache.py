@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from netrun.kernels.parallel import blas_thread_count
+from netrun.kernels.parallel import thread_count
 from netrun.util.atomic import atomic_open
 
 FORMAT = "netrun-algo-cache"
@@ -68,7 +68,7 @@ def environment(backend: str, device_name: str,
         _ENV[key] = {"backend": backend, "device": device_name, "numpy": np.__version__,
                      "blas": _blas()}
     # Thread counts may be changed between runs through the environment, so never cached.
-    return {**_ENV[key], **(libraries or {}), "threads": str(blas_thread_count())}
+    return {**_ENV[key], **(libraries or {}), "threads": str(thread_count())}
 
 
 def cache_key(direction: str, problem: Any, env: dict[str, str]) -> str:

@@ -12,7 +12,6 @@ from netrun.conv.problem import ConvProblem
 from netrun.conv.select import run_direction, time_algorithm
 from netrun.conv.settings import AlgoSettings
 from netrun.conv.state import ConvState
-from netrun.kernels.parallel import blas_threads
 
 
 def op_directions(type_: str, outputs: int, no_bias: bool) -> list[str]:
@@ -87,9 +86,5 @@ def warm_up(state: ConvState, algo: ConvAlgorithm, p: ConvProblem, direction: st
     dy = xp.zeros((1, p.k, p.oh, p.ow), p.dtype)
     args, out = {"forward": ((x, w), dy), "backward_data": ((dy, w), x),
                  "backward_filter": ((x, dy), w)}[direction]
-    # One BLAS thread: a multithreaded OpenBLAS call at bind time left its threads in a state
-    # that slowed every later small GEMM, and with it every steady iteration afterwards
-    # (measurements: benchmarks/README.md).
-    with blas_threads(1):
-        run_direction(direction, one, args, out,
-                      lambda key, shape, dtype="float32": xp.empty(shape, dtype), xp)(algo)
+    run_direction(direction, one, args, out,
+                  lambda key, shape, dtype="float32": xp.empty(shape, dtype), xp)(algo)

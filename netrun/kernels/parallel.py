@@ -1,92 +1,270 @@
-"""Batch-parallel NumPy work: image chunks on threads, each with a single-threaded BLAS.
+"""Batch-parallel NumPy work on a fixed partition: the same bits on any number of threads.
 
-NumPy's ufuncs, copies and BLAS calls release the GIL, so T Python threads working on T
-chunks of a batch run on T cores: the copies and elementwise passes that a single NumPy call
-runs on one core, and the many small GEMMs (one per image) that a multithreaded BLAS would
-split across cores with a synchronization each, which costs more than it saves at that size.
-Each worker sets OpenBLAS's per-thread count to 1 (`openblas_set_num_threads_local`), so the
-workers never oversubscribe the cores; big single GEMMs outside `chunks` keep the BLAS's
-threads. On other array modules (CuPy) or with one core, `chunks` just calls fn(0, n).
+NumPy's ufuncs, copies and BLAS calls release the GIL, so Python threads working on chunks of
+a batch run on as many cores. Two rules make the results independent of how many threads
+there are (netrun's reproducibility promise: same inputs and seed, same bits):
+
+* The BLAS runs on one thread, pinned once for the process (threadpoolctl) when netrun starts
+  its workers. A multithreaded OpenBLAS splits a GEMM's sums differently with 1 and 2
+  threads, and its thread count is process-wide: setting it per call from concurrent workers
+  raced, so some GEMMs ran with one thread and some with two, differently on every run. All
+  the parallelism is ours instead.
+* `chunks` cuts range(n) into chunk boundaries that depend only on n and the work (never on
+  the thread count); each thread takes every T-th chunk, and what a chunk adds into a shared
+  result (a partial filter gradient) is added by its commit, which `chunks` runs in chunk
+  order. Big single GEMMs go through `matmul`, which splits them the same way into fixed
+  blocks of rows or columns (no sum is split, so no reduction order changes).
+
+On other array modules (CuPy) everything runs on the calling thread as one chunk.
 """
 from __future__ import annotations
 
-import ctypes
-import glob
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from functools import partial
+from typing import Any, Callable, Sequence
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-MIN_ELEMENTS = 1 << 18     # below this much work per thread the hand-off costs more than it saves
+ENV = "NETRUN_THREADS"     # worker threads (default: the usable cores, at most MAX_THREADS)
+MAX_THREADS = 16
+# Chunks of a batch: a power of two (so that 2 or 4 threads share them evenly), at most
+# MAX_CHUNKS. Work below 2·MIN_ELEMENTS is one chunk (the hand-off would cost more than it
+# saves); above it, two chunks, and more only while each gets CHUNK_ELEMENTS: smaller
+# chunks mean smaller GEMMs (dft_gemm's per-frequency products have the block as one side)
+# and more Python per op, which cost LeNet's training step 15-35% with 8 chunks on 2 cores;
+# for the same reason a chunk is not cut below its caller's block of images except to make
+# two (winograd_jit streams its filter spectrum once per block: 16 images of 256 channels
+# in 8 chunks ran 1.4× slower than in 2) (measurements: benchmarks/README.md). Changing
+# any of these moves where partial sums are cut, and so the last bits of results.
+MAX_CHUNKS = 8
+MIN_ELEMENTS = 1 << 18
+CHUNK_ELEMENTS = 1 << 22
+# `matmul` cuts a product into blocks of at least this many flops and rows (or columns):
+# blocks re-read the other operand and repack it, so LeNet's FC products (51 MFLOP) go in 2.
+GEMM_MIN_FLOPS = 16 << 20
+GEMM_MIN_SIDE = 128
+
+Commit = Callable[[], None]
 _POOL: ThreadPoolExecutor | None = None
 _LOCK = threading.Lock()
-_SETTER: Any = False       # openblas_set_num_threads_local, None where unavailable
-
-
-def blas_thread_count() -> int:
-    """Threads the BLAS (and so every GEMM-based algorithm) runs with."""
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        value = os.environ.get(var, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:   # not Linux
-        return os.cpu_count() or 1
+_BLAS_PIN: list = []           # the threadpoolctl limiter, held for the life of the process
+_LOCAL = threading.local()     # .busy: this thread is running a chunk (nested work runs inline)
 
 
 def thread_count() -> int:
-    """Worker threads: the BLAS thread count (environment), else the usable cores."""
-    return max(1, min(blas_thread_count(), 16))
-
-
-def chunks(xp: Any, n: int, fn: Callable[[int, int, int], None], work: int = 0) -> None:
-    """fn(index, n0, n1) over T contiguous chunks of range(n), concurrently (T threads).
-
-    `work` (elements touched) below MIN_ELEMENTS, a single image, a non-NumPy array module
-    or a single core run fn(0, 0, n) on the calling thread. Chunk `index` lets callers keep
-    per-chunk scratch buffers and partial results apart.
-    """
-    t = min(thread_count(), n)
-    if t <= 1 or xp is not np or (work and work < MIN_ELEMENTS * t):
-        fn(0, 0, n)
-        return
-    bounds = [(i, n * i // t, n * (i + 1) // t) for i in range(t)]
-    pool = _pool(t)
-    futures = [pool.submit(_single_blas, fn, *b) for b in bounds[1:]]
+    """Worker threads: NETRUN_THREADS, else the BLAS thread variables (a user limiting
+    OPENBLAS_NUM_THREADS or OMP_NUM_THREADS limits netrun too), else the usable cores."""
+    for var in (ENV, "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        value = os.environ.get(var, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return min(int(value), MAX_THREADS)
     try:
-        _single_blas(fn, *bounds[0])
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:   # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_THREADS))
+
+
+def chunk_count(n: int, work: int = 0, block: int = 1) -> int:
+    """How many chunks `chunks` cuts range(n) into, given `work` (elements touched; 0: no
+    limit) and the caller's `block` (items it prefers to process at once; chunks are cut
+    smaller only to make two): a power of two that depends on these only, never on the
+    thread count."""
+    limit = min(n, MAX_CHUNKS, max(2, n // max(block, 1)))
+    if work:
+        per_chunk = max(min(2, work // max(MIN_ELEMENTS, 1)), work // max(CHUNK_ELEMENTS, 1))
+        limit = min(limit, per_chunk)
+    return _power_of_two(limit)
+
+
+def chunks(xp: Any, n: int, fn: Callable[[int, int, int], Commit | None], work: int = 0,
+           block: int = 1) -> None:
+    """fn(index, n0, n1) over the `chunk_count(n, work, block)` contiguous chunks of range(n),
+    on the worker threads (chunk i on worker i % T).
+
+    A chunk that must add into a result shared with other chunks returns a commit (a callable
+    doing the add; any other return value is ignored): commits run one at a time in chunk
+    order, each as soon as the chunks before it have finished, so the sums are the same
+    whatever the thread count. Chunks on one worker run one after another: `chunk_scratch`
+    gives a worker's buffers, reused by its next chunk only after this one's commit. A
+    non-NumPy array module runs fn(0, 0, n) on this thread.
+    """
+    if xp is not np:
+        _commit(fn(0, 0, n))
+        return
+    bounds = _bounds(n, chunk_count(n, work, block))
+    _run([partial(fn, i, n0, n1) for i, (n0, n1) in enumerate(bounds)])
+
+
+def matmul(xp: Any, a, b, out) -> None:
+    """out = a @ b (np.matmul's rules), a big product cut into fixed blocks on the workers.
+
+    A stack of products is cut along its leading axis; a single 2-D product along out's
+    longer side (rows of a, or columns of b: each block reads all of the other operand).
+    Every output element is still one BLAS dot product, so no sum depends on the threads.
+    """
+    matmuls(xp, [(a, b, out)])
+
+
+def matmuls(xp: Any, products: Sequence[tuple[Any, Any, Any]]) -> None:
+    """Independent products (a, b, out), as `matmul` does each, all blocks in one hand-off:
+    an FC gradient's dW and dX run side by side."""
+    if xp is not np:
+        for a, b, out in products:
+            xp.matmul(a, b, out=out)
+        return
+    flops = sum(2 * out.size * a.shape[-1] for a, _, out in products)
+    if flops < 2 * GEMM_MIN_FLOPS:   # too little for a hand-off
+        pin_blas()
+        for a, b, out in products:
+            np.matmul(a, b, out=out)
+        return
+    _run([job for a, b, out in products for job in _product_blocks(a, b, out)])
+
+
+def _product_blocks(a, b, out) -> list[Callable[[], None]]:
+    """The fixed blocks of out = a @ b, each a call computing its part of out."""
+    if min(a.ndim, b.ndim, out.ndim) < 2:    # a vector: one block
+        return [partial(np.matmul, a, b, out=out)]
+    flops = 2 * out.size * a.shape[-1]
+    if out.ndim > 2:                          # a stack: blocks of its leading axis
+        lead = out.shape[0]
+        count = _power_of_two(min(MAX_CHUNKS, lead, flops // GEMM_MIN_FLOPS))
+        return [partial(np.matmul, _lead(a, out, i0, i1), _lead(b, out, i0, i1),
+                        out=out[i0:i1]) for i0, i1 in _bounds(lead, count)]
+    m, n = out.shape
+    count = _power_of_two(min(MAX_CHUNKS, max(m, n) // GEMM_MIN_SIDE, flops // GEMM_MIN_FLOPS))
+    if m >= n:
+        return [partial(np.matmul, a[i0:i1], b, out=out[i0:i1]) for i0, i1 in _bounds(m, count)]
+    return [partial(np.matmul, a, b[:, i0:i1], out=out[:, i0:i1])
+            for i0, i1 in _bounds(n, count)]
+
+
+def _lead(operand, out, i0: int, i1: int):
+    """Rows i0:i1 of an operand's leading (stack) axis, unless it is broadcast along it."""
+    if operand.ndim == out.ndim and operand.shape[0] == out.shape[0]:
+        return operand[i0:i1]
+    return operand
+
+
+def per_thread(n: int, block: int, work: int = 0) -> tuple[int, int]:
+    """(scratch copies, images per block) when `chunks` splits n images (`work` as given to
+    it) in blocks of at most `block`: what an algorithm's scratch estimate multiplies out.
+    There is one set of buffers per thread that runs at the same time as others."""
+    count = chunk_count(n, work, block)
+    return max(1, min(thread_count(), count)), max(1, min(block, -(-n // count)))
+
+
+def chunk_scratch(scratch: Callable, index: int) -> Callable:
+    """A scratch function for chunk `index` whose buffers no chunk running at the same time
+    shares (the chunks of one worker, which run one after another, share them). Work nested
+    in a chunk runs inline on its thread, so it must not use chunk_scratch itself."""
+    slot = index % thread_count()     # the worker: chunk i runs on worker i % T (see `chunks`)
+    if slot == 0:
+        return scratch
+    return lambda key, shape, dtype="float32": scratch(f"{key}#{slot}", shape, dtype)
+
+
+def start() -> None:
+    """Pin the BLAS to one thread and start the worker threads now (a one-time cost that would
+    show in a short first iteration)."""
+    pin_blas()
+    t = thread_count()
+    if t > 1:
+        pool = _pool(t)
+        for f in [pool.submit(lambda: None) for _ in range(t - 1)]:
+            f.result()
+
+
+def pin_blas() -> None:
+    """Limit every BLAS loaded in this process to one thread, once, for the rest of the
+    process: a multithreaded BLAS would make results depend on its thread count."""
+    if _BLAS_PIN:
+        return
+    with _LOCK:
+        if not _BLAS_PIN:
+            _BLAS_PIN.append(threadpool_limits(limits=1, user_api="blas"))
+
+
+# Running chunks ---------------------------------------------------------------------------
+def _power_of_two(limit: int) -> int:
+    """The largest power of two <= limit (1 for limit < 2)."""
+    return 1 << (max(int(limit), 1).bit_length() - 1)
+
+
+def _bounds(n: int, count: int) -> list[tuple[int, int]]:
+    return [(n * i // count, n * (i + 1) // count) for i in range(count)]
+
+
+def _commit(commit: Any) -> None:
+    if callable(commit):
+        commit()
+
+
+def _run(jobs: Sequence[Callable[[], Any]]) -> None:
+    """The jobs (chunks) on the worker threads, job i on worker i % T; the commits they
+    return run in job order."""
+    pin_blas()
+    count = len(jobs)
+    t = 1 if count == 1 else min(thread_count(), count)
+    if t <= 1 or getattr(_LOCAL, "busy", False):   # one thread, or nested in a chunk
+        for job in jobs:
+            _commit(job())
+        return
+    order = _Order(count)
+
+    def worker(w: int) -> None:
+        _LOCAL.busy = True
+        try:
+            for i in range(w, count, t):
+                if order.failed:
+                    return
+                order.finish(i, jobs[i]())
+        except BaseException:
+            order.fail()
+            raise
+        finally:
+            _LOCAL.busy = False
+
+    pool = _pool(t)
+    futures = [pool.submit(worker, w) for w in range(1, t)]
+    try:
+        worker(0)
     finally:
         for f in futures:
             f.result()
 
 
-def per_thread(n: int, block: int) -> tuple[int, int]:
-    """(threads, images per thread's block) when `chunks` splits n images in blocks of at
-    most `block`: what an algorithm's scratch estimate multiplies out."""
-    t = max(1, min(thread_count(), n))
-    return t, max(1, min(block, -(-n // t)))
+class _Order:
+    """Runs the chunks' commits one at a time in chunk order, as chunks finish."""
 
+    def __init__(self, count: int):
+        self.cond = threading.Condition()
+        self.done = [False] * count
+        self.next = 0          # the first chunk not finished
+        self.failed = False
 
-def start() -> None:
-    """Start the worker threads and find the BLAS thread setter now (a one-time cost that
-    shows in a short iteration), so that a net's first iteration does not pay for it."""
-    t = thread_count()
-    if t <= 1:
-        return
-    pool = _pool(t)
-    for f in [pool.submit(_single_blas, lambda *a: None, i, 0, 0) for i in range(t - 1)]:
-        f.result()
+    def finish(self, index: int, commit: Any) -> None:
+        with self.cond:
+            if callable(commit):
+                while self.next != index and not self.failed:
+                    self.cond.wait()
+                if self.failed:
+                    return
+                commit()
+            self.done[index] = True
+            while self.next < len(self.done) and self.done[self.next]:
+                self.next += 1
+            self.cond.notify_all()
 
-
-def chunk_scratch(scratch: Callable, index: int) -> Callable:
-    """A scratch function whose buffers are private to chunk `index`."""
-    if index == 0:
-        return scratch
-    return lambda key, shape, dtype="float32": scratch(f"{key}#{index}", shape, dtype)
+    def fail(self) -> None:
+        """A chunk raised: wake every waiting commit so that its worker gives up."""
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
 
 
 def _pool(t: int) -> ThreadPoolExecutor:
@@ -95,39 +273,3 @@ def _pool(t: int) -> ThreadPoolExecutor:
         if _POOL is None or _POOL._max_workers < t - 1:
             _POOL = ThreadPoolExecutor(max_workers=max(1, t - 1), thread_name_prefix="netrun")
         return _POOL
-
-
-def _single_blas(fn, index: int, n0: int, n1: int) -> None:
-    with blas_threads(1):
-        fn(index, n0, n1)
-
-
-@contextmanager
-def blas_threads(count: int) -> Iterator[None]:
-    """OpenBLAS uses `count` threads for calls from this thread inside the block."""
-    setter = _setter()
-    if setter is None:
-        yield
-        return
-    previous = setter(count)
-    try:
-        yield
-    finally:
-        setter(previous)
-
-
-def _setter():
-    """openblas_set_num_threads_local from NumPy's bundled OpenBLAS (None if not found)."""
-    global _SETTER
-    if _SETTER is False:
-        _SETTER = None
-        folder = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
-        for path in sorted(glob.glob(os.path.join(folder, "*openblas*"))):
-            try:
-                fn = ctypes.CDLL(path).openblas_set_num_threads_local
-            except (OSError, AttributeError):
-                continue
-            fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-            _SETTER = fn
-            break
-    return _SETTER

@@ -9,6 +9,7 @@ from netrun.core.gradient import register_gradient
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import ShapeError
+from netrun.kernels import parallel
 from netrun.ops.common import fmt
 from netrun.ops.elementwise import broadcast_shapes, sum_to
 
@@ -71,7 +72,7 @@ def fc(ctx, X, W, b):
         _check_bias(n, TensorSpec(W.shape), TensorSpec(b.shape))
     Y = ctx.output(0, X.shape[:axis] + (n,), X.dtype)
     Y2 = Y.reshape(m, n)                                   # (M, N), a view of Y
-    xp.matmul(X.reshape(m, k), W.reshape(n, k).T, out=Y2)  # (M, K)·(K, N)
+    parallel.matmul(xp, X.reshape(m, k), W.reshape(n, k).T, Y2)  # (M, K)·(K, N)
     Y2 += b
 
 
@@ -106,12 +107,13 @@ def fc_gradient(ctx, X, W, dY):
     _, m, k, n = _fc_dims("FCGradient", ctx.args, TensorSpec(X.shape), TensorSpec(W.shape))
     dY2 = dY.reshape(m, n)                                  # (M, N)
     dW = ctx.output(0, W.shape, W.dtype)
-    xp.matmul(dY2.T, X.reshape(m, k), out=dW.reshape(n, k))  # (N, M)·(M, K)
-    db = ctx.output(1, (n,), W.dtype)
-    xp.sum(dY2, axis=0, out=db)
+    products = [(dY2.T, X.reshape(m, k), dW.reshape(n, k))]                 # (N, M)·(M, K)
     if len(ctx.def_.outputs) == 3:
         dX = ctx.output(2, X.shape, X.dtype)
-        xp.matmul(dY2, W.reshape(n, k), out=dX.reshape(m, k))  # (M, N)·(N, K)
+        products.append((dY2, W.reshape(n, k), dX.reshape(m, k)))            # (M, N)·(N, K)
+    parallel.matmuls(xp, products)      # side by side on the worker threads
+    db = ctx.output(1, (n,), W.dtype)
+    xp.sum(dY2, axis=0, out=db)
 
 
 @register_gradient("FC")
@@ -163,7 +165,7 @@ def matmul(ctx, A, B):
     a = ctx.args
     m, _, n = _matmul_dims("MatMul", a, A.shape, B.shape, False)
     Y = ctx.output(0, (m, n), np.result_type(A.dtype, B.dtype))
-    ctx.xp.matmul(_t(A, a.trans_a), _t(B, a.trans_b), out=Y)
+    parallel.matmul(ctx.xp, _t(A, a.trans_a), _t(B, a.trans_b), Y)
 
 
 @register_gradient("MatMul")
@@ -219,7 +221,7 @@ def batch_matmul(ctx, A, B):
     a = ctx.args
     out_shape = _batch_dims("BatchMatMul", a, A.shape, B.shape)
     Y = ctx.output(0, out_shape, np.result_type(A.dtype, B.dtype))
-    ctx.xp.matmul(_t(A, a.trans_a), _t(B, a.trans_b), out=Y)
+    parallel.matmul(ctx.xp, _t(A, a.trans_a), _t(B, a.trans_b), Y)
 
 
 def _bmm_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:

@@ -298,19 +298,3 @@ def test_algorithms_agree_when_the_batch_is_split_across_threads(name, monkeypat
     if name in ("im2col_gemm", "shift_gemm", "depthwise", "dft_gemm", "depthwise_jit",
                 "winograd_jit"):
         assert calls, f"{name} did not go through parallel.chunks"
-
-
-def test_chunks_split_the_range_and_use_private_scratch(monkeypatch):
-    from netrun.kernels import parallel
-
-    monkeypatch.setattr(parallel, "thread_count", lambda: 3)
-    seen = []
-    parallel.chunks(np, 7, lambda i, a, b: seen.append((i, a, b)), work=1 << 30)
-    assert sorted(seen) == [(0, 0, 2), (1, 2, 4), (2, 4, 7)]
-    ws = netrun.Workspace()
-    a = parallel.chunk_scratch(ws.scratch, 0)("k", (4,))
-    b = parallel.chunk_scratch(ws.scratch, 1)("k", (4,))
-    assert not np.shares_memory(a, b)
-    seen.clear()
-    parallel.chunks(np, 7, lambda i, a, b: seen.append((i, a, b)), work=10)   # too little
-    assert seen == [(0, 0, 7)]

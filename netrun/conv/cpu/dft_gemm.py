@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, add_bias, register_algorithm, sum_bias
-from netrun.kernels.parallel import chunk_scratch, chunks
+from netrun.kernels.parallel import chunk_scratch, chunks, per_thread
 
 # Images per block: a block's spectra (input and output, complex) stay near this size. The
 # per-frequency GEMMs have the block as one side, so larger blocks run them faster, up to
@@ -100,11 +100,12 @@ class DFTGemm(ConvAlgorithm):
     def workspace_bytes(self, p: ConvProblem) -> int:
         pp, qq = grid(p)
         v = qq // 2 + 1
-        b = self.block(p)
+        work = p.n * (p.c * p.h * p.w + p.k * p.oh * p.ow) * 8    # as the gradients' `chunks`
+        threads, b = per_thread(p.n, self.block(p), work)          # each its own buffers
         per_image = max(p.c * p.h * (p.w + 2 * v), p.k * p.oh * (p.ow + 2 * v))
         spectra = 2 * pp * v * (p.c + p.k) * b * 2        # complex: 2 reals each
         filt = 2 * pp * v * p.k * p.cg * 2 * 2
-        return (2 * (spectra + per_image * b) + filt) * p.itemsize
+        return (threads * (2 * (spectra + per_image * b) + filt) + filt) * p.itemsize
 
     # Directions ----------------------------------------------------------------------------
     def forward(self, xp, x, w, p, out, scratch, bias=None):
@@ -122,7 +123,7 @@ class DFTGemm(ConvAlgorithm):
                 _image(xp, yf.reshape(pp, -1, p.k, b), p, (0, 0), out[n0:n1], s)
             add_bias(xp, out[c0:c1], bias)
 
-        chunks(xp, p.n, work, work=p.n * p.k * p.oh * p.ow * 8)
+        chunks(xp, p.n, work, work=p.n * p.k * p.oh * p.ow * 8, block=self.block(p))
 
     def backward_data(self, xp, dy, w, p, out, scratch):
         pp, qq = grid(p)
@@ -139,7 +140,7 @@ class DFTGemm(ConvAlgorithm):
                 xp.matmul(wt, dyf.reshape(f, p.group, p.kg, b), out=dxf)
                 _image(xp, dxf.reshape(pp, -1, p.c, b), p, (p.pt, p.pl), out[n0:n1], s)
 
-        chunks(xp, p.n, work, work=p.n * p.c * p.h * p.w * 8)
+        chunks(xp, p.n, work, work=p.n * p.c * p.h * p.w * 8, block=self.block(p))
 
     def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
         self._gradients(xp, x, dy, None, p, None, out, scratch, dbias)
@@ -154,11 +155,12 @@ class DFTGemm(ConvAlgorithm):
         f = pp * (qq // 2 + 1)
         if dx is not None:   # Ŵ[f]ᵀ per group: (F, G, C/G, K/G)
             wt = _filter_spectrum(xp, w, p, scratch, conjugate=False).transpose(0, 1, 3, 2)
-        parts = []
+        # chunk 0 sums into `total`; the other chunks' partial sums are added in chunk order
+        total = scratch("dft.dw", (f, p.group, p.kg, p.cg), _complex(x.dtype))
 
         def work(index, c0, c1):
             s = chunk_scratch(scratch, index)
-            acc = None
+            acc = total if index == 0 else s("dft.dw_chunk", total.shape, total.dtype)
             for n0, n1 in _blocks(c0, c1, self.block(p)):
                 b = n1 - n0
                 xf = _spectrum(xp, x[n0:n1], p, (p.pt, p.pl), s, "x")     # (P, V, C, b)
@@ -171,20 +173,16 @@ class DFTGemm(ConvAlgorithm):
                 # dŴ[f] (G, K/G, C/G) = conj(dŶ[f]) (G, K/G, b) @ X̂[f]ᵀ (G, b, C/G)
                 lhs = dyf.reshape(f, p.group, p.kg, b)
                 rhs = xf.reshape(f, p.group, p.cg, b).transpose(0, 1, 3, 2)
-                if acc is None:
-                    acc = s("dft.dw", (f, p.group, p.kg, p.cg), xf.dtype)
+                if n0 == c0:
                     xp.matmul(lhs, rhs, out=acc)
                 else:
                     part = s("dft.dw_part", acc.shape, acc.dtype)
                     xp.matmul(lhs, rhs, out=part)
                     acc += part
-            parts.append((index, acc))
+            return None if index == 0 else (lambda: xp.add(total, acc, out=total))
 
-        chunks(xp, p.n, work, work=p.n * (p.c * p.h * p.w + p.k * p.oh * p.ow) * 8)
-        parts.sort(key=lambda r: r[0])
-        total = parts[0][1]
-        for _, other in parts[1:]:      # the chunks' partial sums, in chunk order
-            total += other
+        chunks(xp, p.n, work, work=p.n * (p.c * p.h * p.w + p.k * p.oh * p.ow) * 8,
+               block=self.block(p))
         # The inverse of every filter at once: C/G "images" of K channels each, tap (i, j) at
         # grid position (i·dh, j·dw).
         taps = scratch("dft.taps", (p.cg, p.k, p.kh, p.kw), x.dtype)

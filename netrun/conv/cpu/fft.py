@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, add_bias, register_algorithm, sum_bias
+from netrun.kernels import parallel
 
 
 def good_size(n: int) -> int:
@@ -98,7 +99,7 @@ class FFTConv(ConvAlgorithm):
         wc = scratch("fft.w_conj", wf.shape, wf.dtype)
         xp.conjugate(wf, out=wc)
         yf = scratch("fft.prod", (f, p.group, p.kg, p.n), xf.dtype)
-        xp.matmul(wc, xf.reshape(f, p.group, p.cg, p.n), out=yf)
+        parallel.matmul(xp, wc, xf.reshape(f, p.group, p.cg, p.n), yf)
         grid = self._spatial(xp, yf.reshape(f, p.k, p.n), p, x.dtype, scratch)
         out[...] = grid[:, :, :p.oh, :p.ow]
         add_bias(xp, out, bias)
@@ -108,7 +109,7 @@ class FFTConv(ConvAlgorithm):
         dyf = self._spectrum(xp, dy, p, "dy", scratch)                # (F, K, N)
         wf = self._filter(xp, w, p, scratch)                           # (F, G, K/G, C/G)
         dxf = scratch("fft.prod", (f, p.group, p.cg, p.n), dyf.dtype)
-        xp.matmul(wf.transpose(0, 1, 3, 2), dyf.reshape(f, p.group, p.kg, p.n), out=dxf)
+        parallel.matmul(xp, wf.transpose(0, 1, 3, 2), dyf.reshape(f, p.group, p.kg, p.n), dxf)
         grid = self._spatial(xp, dxf.reshape(f, p.c, p.n), p, dy.dtype, scratch)
         out[...] = grid[:, :, p.pt:p.pt + p.h, p.pl:p.pl + p.w]
 
@@ -118,8 +119,8 @@ class FFTConv(ConvAlgorithm):
         dyf = self._spectrum(xp, dy, p, "dy", scratch)                # (F, K, N)
         xp.conjugate(dyf, out=dyf)
         dwf = scratch("fft.prod", (f, p.group, p.kg, p.cg), xf.dtype)
-        xp.matmul(dyf.reshape(f, p.group, p.kg, p.n),
-                  xf.reshape(f, p.group, p.cg, p.n).transpose(0, 1, 3, 2), out=dwf)
+        parallel.matmul(xp, dyf.reshape(f, p.group, p.kg, p.n),
+                        xf.reshape(f, p.group, p.cg, p.n).transpose(0, 1, 3, 2), dwf)
         # (F, K, C/G) as a batch of K·C/G spectra
         grid = self._spatial(xp, dwf.reshape(f, p.k, p.cg), p, x.dtype, scratch)   # (C/G, K, P, Q)
         dkh, dkw = p.dh * (p.kh - 1) + 1, p.dw * (p.kw - 1) + 1

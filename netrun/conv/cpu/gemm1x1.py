@@ -14,6 +14,7 @@ from netrun.conv.algorithm import (
     register_algorithm,
     sum_bias,
 )
+from netrun.kernels import parallel
 from netrun.kernels.geometry import window_slices
 
 
@@ -34,18 +35,18 @@ class Gemm1x1(ConvAlgorithm):
     def forward(self, xp, x, w, p, out, scratch, bias=None):
         xs = _subsample(x, p, scratch)
         # (N, G, K/G, oH*oW) = (G, K/G, C/G) @ (N, G, C/G, oH*oW)
-        xp.matmul(w.reshape(p.group, p.kg, p.cg), xs.reshape(p.n, p.group, p.cg, -1),
-                  out=out.reshape(p.n, p.group, p.kg, p.oh * p.ow))
+        parallel.matmul(xp, w.reshape(p.group, p.kg, p.cg), xs.reshape(p.n, p.group, p.cg, -1),
+                        out.reshape(p.n, p.group, p.kg, p.oh * p.ow))
         add_bias(xp, out, bias)
 
     def backward_data(self, xp, dy, w, p, out, scratch):
         wt = w.reshape(p.group, p.kg, p.cg).transpose(0, 2, 1)          # (G, C/G, K/G)
         dyv = dy.reshape(p.n, p.group, p.kg, p.oh * p.ow)
         if p.sh == 1 and p.sw == 1:
-            xp.matmul(wt, dyv, out=out.reshape(p.n, p.group, p.cg, p.h * p.w))
+            parallel.matmul(xp, wt, dyv, out.reshape(p.n, p.group, p.cg, p.h * p.w))
             return
         dxs = scratch("conv.col", (p.n, p.group, p.cg, p.oh * p.ow), dy.dtype)
-        xp.matmul(wt, dyv, out=dxs)
+        parallel.matmul(xp, wt, dyv, dxs)
         out.fill(0)   # pixels that no stride step reads get no gradient
         rows, cols = window_slices(p.geometry, 0, 0, p.oh, p.ow)
         out[:, :, rows, cols] = dxs.reshape(p.n, p.c, p.oh, p.ow)
@@ -56,9 +57,11 @@ class Gemm1x1(ConvAlgorithm):
         xt = _subsample(x, p, scratch, batch_inner=True)               # (C, N, oH, oW)
         dyt = scratch("conv.dy_t", (p.k, p.n, hw), dy.dtype)
         dyt[...] = dy.reshape(p.n, p.k, hw).transpose(1, 0, 2)         # (K, N, oH*oW)
-        xp.matmul(dyt.reshape(p.group, p.kg, p.n * hw),
-                  xt.reshape(p.group, p.cg, p.n * hw).transpose(0, 2, 1),
-                  out=out.reshape(p.group, p.kg, p.cg))
+        lhs = dyt.reshape(p.group, p.kg, p.n * hw)
+        rhs = xt.reshape(p.group, p.cg, p.n * hw).transpose(0, 2, 1)
+        dw = out.reshape(p.group, p.kg, p.cg)
+        # one big product per group, each split into blocks on the worker threads
+        parallel.matmuls(xp, [(lhs[g], rhs[g], dw[g]) for g in range(p.group)])
         sum_bias(xp, dy, dbias, scratch)
 
 

@@ -35,7 +35,8 @@ class Im2colGemm(ConvAlgorithm):
         return max(1, min(p.n, COL_BUFFER_BYTES // max(per_image, 1)))
 
     def workspace_bytes(self, p: ConvProblem) -> int:
-        threads, b = per_thread(p.n, self.block(p))    # every thread has its own buffers
+        ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
+        threads, b = per_thread(p.n, self.block(p), p.n * ckk * p.group * hw)  # each its own
         col = b * p.c * p.kh * p.kw * p.oh * p.ow
         pad = b * p.c * (p.h + p.pt + p.pb) * (p.w + p.pl + p.pr) if p.padded else 0
         dy_t = b * p.k * p.oh * p.ow + p.k * p.cg * p.kh * p.kw   # backward_filter only
@@ -54,7 +55,7 @@ class Im2colGemm(ConvAlgorithm):
                 xp.matmul(wg, col.reshape(n1 - n0, p.group, ckk, hw), out=y[n0:n1])
             add_bias(xp, out[c0:c1], bias)
 
-        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw)
+        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw, block=self.block(p))
 
     def backward_data(self, xp, dy, w, p, out, scratch):
         ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
@@ -69,16 +70,16 @@ class Im2colGemm(ConvAlgorithm):
                 xp.matmul(wt, dyv[n0:n1], out=col)
                 _col2im(xp, col.reshape(b, p.c, p.kh, p.kw, p.oh, p.ow), p, out[n0:n1], s)
 
-        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw)
+        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw, block=self.block(p))
 
     def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
         ckk, hw = p.cg * p.kh * p.kw, p.oh * p.ow
-        parts = []
+        total = out.reshape(p.group, p.kg, ckk)                      # (G, K/G, C/G*kh*kw)
 
         def work(index, c0, c1):
             s = chunk_scratch(scratch, index)
-            dw = out.reshape(p.group, p.kg, ckk) if index == 0 else \
-                s("conv.dw_chunk", (p.group, p.kg, ckk), dy.dtype)   # (G, K/G, C/G*kh*kw)
+            # chunk 0 sums into dW itself; the others' partial sums are added in chunk order
+            dw = total if index == 0 else s("conv.dw_chunk", total.shape, dy.dtype)
             for n0, n1 in _blocks(c0, c1, self.block(p)):
                 b = n1 - n0
                 if b * dw.size <= PER_IMAGE_FILTER_ELEMENTS:
@@ -104,12 +105,9 @@ class Im2colGemm(ConvAlgorithm):
                     xp.matmul(lhs, rhs, out=part)
                 if part is not dw:
                     dw += part
-            parts.append((index, dw))
+            return None if index == 0 else (lambda: xp.add(total, dw, out=total))
 
-        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw)
-        total = out.reshape(p.group, p.kg, ckk)
-        for _, dw in sorted(parts, key=lambda r: r[0])[1:]:   # partial sums in chunk order
-            total += dw
+        chunks(xp, p.n, work, work=p.n * ckk * p.group * hw, block=self.block(p))
         sum_bias(xp, dy, dbias, scratch)
 
 

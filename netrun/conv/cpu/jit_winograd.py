@@ -11,7 +11,8 @@ Each of parallel.chunks' threads takes whole images: transform, α² GEMMs on it
 single-threaded BLAS, output transform with the bias fused. backward_data is the forward
 pass on dY with the filter rotated by 180° and its channel axes swapped (pads 2·d - pad);
 backward_filter transforms dY with A, multiplies by the input transform's V and sums the
-threads' partial filter spectra in a fixed order, so results do not depend on timing.
+chunks' partial filter spectra in chunk order, so results depend neither on timing nor on
+the thread count.
 
 Without the engine (CuPy, NETRUN_JIT=0, no Numba) it runs winograd_f4x4 (undilated) or
 shift_gemm (dilated), so a choice remembered in the algorithm cache stays valid.
@@ -55,7 +56,7 @@ class JitWinograd(ConvAlgorithm):
         return max(1, min(p.n, BLOCK_BYTES // max(per_image, 1)))
 
     def workspace_bytes(self, p: ConvProblem) -> int:
-        threads, b = parallel.per_thread(p.n, self.block(p))
+        threads, b = parallel.per_thread(p.n, self.block(p), _work(p))
         a2, ck = ALPHA * ALPHA, p.k * p.c
         # per thread: V and M of a block, the partial dU and a block's share of it
         per_thread = a2 * (p.c + p.k) * b * tiles(p) + 2 * a2 * ck
@@ -97,13 +98,12 @@ class JitWinograd(ConvAlgorithm):
         bt, g, _, a = _matrices(p.dtype)
         a2 = ALPHA * ALPHA
         x, dy = np.ascontiguousarray(x), np.ascontiguousarray(dy)
-        threads = min(parallel.thread_count(), p.n)
-        parts = [scratch(f"wjit.du#{i}", (a2, p.k, p.c), p.dtype) for i in range(threads)]
-        used = [False] * threads
+        # chunk 0 sums into `du`; the other chunks' partial spectra are added in chunk order
+        du = scratch("wjit.du", (a2, p.k, p.c), p.dtype)
 
         def work(index, n0, n1):
             s = parallel.chunk_scratch(scratch, index)
-            du = parts[index]
+            acc = du if index == 0 else s("wjit.du_chunk", du.shape, p.dtype)
             for b0, b1 in _blocks(n0, n1, self.block(p)):
                 t = (b1 - b0) * tiles(p)
                 v = s("wjit.v", (a2, t, p.c), p.dtype)
@@ -111,19 +111,15 @@ class JitWinograd(ConvAlgorithm):
                 dm = s("wjit.m", (a2, t, p.k), p.dtype)
                 _gather(dy[b0:b1], dm, a, 0, 0, p)
                 # per (ξ, ν): dU (K, C) = dMᵀ (K, T) @ V (T, C)
-                target = du if b0 == n0 else s("wjit.du_block", du.shape, p.dtype)
+                target = acc if b0 == n0 else s("wjit.du_block", du.shape, p.dtype)
                 np.matmul(dm.transpose(0, 2, 1), v, out=target)
-                if target is not du:
-                    du += target
-            used[index] = n1 > n0
+                if target is not acc:
+                    acc += target
+            return None if index == 0 else (lambda: np.add(du, acc, out=du))
 
-        parallel.chunks(xp, p.n, work, work=_work(p))
-        du = parts[0]
-        for i in range(1, threads):
-            if used[i]:
-                du += parts[i]
+        parallel.chunks(xp, p.n, work, work=_work(p), block=self.block(p))
         dw = scratch("wjit.dw", (9, p.k * p.c), p.dtype)
-        np.matmul(g.T, du.reshape(a2, -1), out=dw)
+        parallel.matmul(np, g.T, du.reshape(a2, -1), dw)
         out[...] = dw.reshape(3, 3, p.k, p.c).transpose(2, 3, 0, 1)
         sum_bias(xp, dy, dbias, scratch)
 
@@ -144,7 +140,7 @@ class JitWinograd(ConvAlgorithm):
                 np.matmul(v, u, out=prod)          # per (ξ, ν): M (T, K) = V (T, C) @ U (C, K)
                 kernels.scatter(prod, y[b0:b1], at, bias, p.dh, p.dw, th, tw)
 
-        parallel.chunks(np, p.n, work, work=_work(p))
+        parallel.chunks(np, p.n, work, work=_work(p), block=self.block(p))
         if y is not out:
             out[...] = y
 
@@ -181,7 +177,7 @@ def _filter_transform(w, p: ConvProblem, scratch, swap: bool = False):
     wt[...] = w if swap else w.transpose(1, 0, 2, 3)
     wt = wt.reshape(-1, 9)
     u = scratch("wjit.u", (ALPHA * ALPHA, k * c), p.dtype)
-    np.matmul(g, wt.T, out=u)
+    parallel.matmul(np, g, wt.T, u)
     return u.reshape((ALPHA * ALPHA, k, c) if swap else (ALPHA * ALPHA, c, k))
 
 

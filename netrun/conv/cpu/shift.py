@@ -44,12 +44,13 @@ class ShiftGemm(ConvAlgorithm):
         return max(1, min(p.n, BLOCK_BYTES // max(per_image, 1)))
 
     def workspace_bytes(self, p: ConvProblem) -> int:
-        threads, b = per_thread(p.n, self.block(p))    # every thread has its own buffers
+        threads, b = per_thread(p.n, self.block(p), p.n * p.k * p.oh * p.ow * p.kh)
         cols = p.oh * b * p.ow
         e = (p.c * p.kw + 1) * _hp(p) * b * p.ow
         weights = p.k * p.cg * p.kh * p.kw + p.k * (p.cg * p.kw + 1)
         work = max(2 * p.k * cols, p.k * cols + p.c * p.kw * cols)
-        return (threads * (e + work) + weights) * p.itemsize
+        # every thread has its own buffers (a partial dW among them), plus the summed dW
+        return (threads * (e + work + weights) + weights) * p.itemsize
 
     def forward(self, xp, x, w, p, out, scratch, bias=None):
         fuse = bias is not None and p.group == 1
@@ -74,17 +75,20 @@ class ShiftGemm(ConvAlgorithm):
             if not fuse:
                 add_bias(xp, out[c0:c1], bias)
 
-        chunks(xp, p.n, work, work=p.n * p.k * hw * p.kh)
+        chunks(xp, p.n, work, work=p.n * p.k * hw * p.kh, block=self.block(p))
 
     def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
         fuse = dbias is not None and p.group == 1
         ckw = p.cg * p.kw
-        parts = []
+        first = 1 if fuse else 0             # with the bias fused, row 0 lives in dw0
+        # chunk 0 sums into these; the other chunks' partial sums are added in chunk order
+        total_r = scratch("shift.dw", (p.group, p.kh, p.kg, ckw), dy.dtype)
+        total_0 = scratch("shift.dw0", (p.k, p.c * p.kw + 1), dy.dtype)
 
         def work(index, c0, c1):
             s = chunk_scratch(scratch, index)
-            dwr = s("shift.dw", (p.group, p.kh, p.kg, ckw), dy.dtype)
-            dw0 = s("shift.dw0", (p.k, p.c * p.kw + 1), dy.dtype)
+            dwr = total_r if index == 0 else s("shift.dw_chunk", total_r.shape, dy.dtype)
+            dw0 = total_0 if index == 0 else s("shift.dw0_chunk", total_0.shape, dy.dtype)
             for n0, n1 in _blocks(c0, c1, self.block(p)):
                 b = n1 - n0
                 e = _expand(xp, x[n0:n1], p, s, ones=fuse)
@@ -99,22 +103,22 @@ class ShiftGemm(ConvAlgorithm):
                         part = s("shift.dw_part", target.shape, dy.dtype)
                         xp.matmul(dyt, rhs, out=part)
                         target += part
-            parts.append((index, dwr, dw0))
+            if index == 0:
+                return None
 
-        chunks(xp, p.n, work, work=p.n * p.k * p.oh * p.ow * p.kh)
-        parts.sort(key=lambda r: r[0])
-        _, dwr, dw0 = parts[0]
-        first = 1 if fuse else 0             # with the bias fused, row 0 lives in dw0
-        for _, other, other0 in parts[1:]:   # the chunks' partial sums, in chunk order
-            dwr[:, first:] += other[:, first:]
-            if fuse:
-                dw0 += other0
+            def commit():
+                total_r[:, first:] += dwr[:, first:]
+                if fuse:
+                    total_0[...] += dw0
+            return commit
+
+        chunks(xp, p.n, work, work=p.n * p.k * p.oh * p.ow * p.kh, block=self.block(p))
         if fuse:
-            dwr[0, 0] = dw0[:, :ckw]
-            dbias[...] = dw0[:, ckw]
+            total_r[0, 0] = total_0[:, :ckw]
+            dbias[...] = total_0[:, ckw]
         # (G, kh, K/G, C/G, kw) -> (G, K/G, C/G, kh, kw)
         out.reshape(p.group, p.kg, p.cg, p.kh, p.kw)[...] = (
-            dwr.reshape(p.group, p.kh, p.kg, p.cg, p.kw).transpose(0, 2, 3, 1, 4))
+            total_r.reshape(p.group, p.kh, p.kg, p.cg, p.kw).transpose(0, 2, 3, 1, 4))
         if not fuse:
             sum_bias(xp, dy, dbias, scratch)
 
@@ -151,7 +155,7 @@ class ShiftGemm(ConvAlgorithm):
                         view += tmp
                 _fold(xp, de.reshape(b, p.c, p.kw, hp, p.ow), p, out[n0:n1])
 
-        chunks(xp, p.n, work, work=p.n * p.c * p.kw * hp * p.ow * p.kh)
+        chunks(xp, p.n, work, work=p.n * p.c * p.kw * hp * p.ow * p.kh, block=self.block(p))
 
 
 # backward_data runs as a forward conv of dY when that computes at most this many times the

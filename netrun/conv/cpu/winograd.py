@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, add_bias, register_algorithm, sum_bias
+from netrun.kernels import parallel
 
 BLOCK_BYTES = 24 << 20   # transformed input (α²·C·tiles) per block of images, about
 
@@ -79,7 +80,7 @@ class _Winograd(ConvAlgorithm):
         _, kg, _ = self._kron(xp, w.dtype)
         a2 = (self.m + 2) ** 2
         u = scratch("wino.u", (a2, p.group, p.kg, p.cg), w.dtype)
-        xp.matmul(kg, w.reshape(p.k * p.cg, 9).T, out=u.reshape(a2, -1))
+        parallel.matmul(xp, kg, w.reshape(p.k * p.cg, 9).T, u.reshape(a2, -1))
         return u
 
     def _input_tiles(self, xp, x, p: ConvProblem, scratch):
@@ -97,7 +98,7 @@ class _Winograd(ConvAlgorithm):
         d = scratch("wino.d", (a, a, c, b, th, tw), x.dtype)
         d[...] = tiles
         v = scratch("wino.v", (a * a, c * b * th * tw), x.dtype)
-        xp.matmul(kb, d.reshape(a * a, -1), out=v)
+        parallel.matmul(xp, kb, d.reshape(a * a, -1), v)
         return v.reshape(a * a, p.group, c // p.group, b * th * tw)
 
     def _correlate(self, xp, x, u, p: ConvProblem, out, scratch) -> None:
@@ -110,9 +111,9 @@ class _Winograd(ConvAlgorithm):
             t = b * th * tw
             v = self._input_tiles(xp, x[n0:n1], p, scratch)
             prod = scratch("wino.m", (a2, p.group, p.kg, t), x.dtype)
-            xp.matmul(u, v, out=prod)
+            parallel.matmul(xp, u, v, prod)
             yt = scratch("wino.y", (m, m, p.k, b, th, tw), x.dtype)
-            xp.matmul(ka, prod.reshape(a2, -1), out=yt.reshape(m * m, -1))
+            parallel.matmul(xp, ka, prod.reshape(a2, -1), yt.reshape(m * m, -1))
             tiled = yt.transpose(3, 2, 4, 0, 5, 1)               # (b, K, tH, m, tW, m)
             if th * m == p.oh and tw * m == p.ow:
                 out[n0:n1].reshape(b, p.k, th, m, tw, m)[...] = tiled
@@ -147,13 +148,13 @@ class _Winograd(ConvAlgorithm):
             dyt = scratch("wino.y", (m, m, p.k, b, th, tw), dy.dtype)
             dyt[...] = dyp.reshape(b, p.k, th, m, tw, m).transpose(3, 5, 1, 0, 2, 4)
             dm = scratch("wino.m", (a2, p.group, p.kg, b * th * tw), dy.dtype)
-            xp.matmul(ka.T, dyt.reshape(m * m, -1), out=dm.reshape(a2, -1))
+            parallel.matmul(xp, ka.T, dyt.reshape(m * m, -1), dm.reshape(a2, -1))
             target = du if n0 == 0 else scratch("wino.du_part", du.shape, dy.dtype)
-            xp.matmul(dm, v.transpose(0, 1, 3, 2), out=target)
+            parallel.matmul(xp, dm, v.transpose(0, 1, 3, 2), target)
             if n0:
                 du += target
         dw = scratch("wino.dw", (3, 3, p.k, p.cg), x.dtype)
-        xp.matmul(kg.T, du.reshape(a2, -1), out=dw.reshape(9, -1))
+        parallel.matmul(xp, kg.T, du.reshape(a2, -1), dw.reshape(9, -1))
         out[...] = dw.transpose(2, 3, 0, 1)
         sum_bias(xp, dy, dbias, scratch)
 
