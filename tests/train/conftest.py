@@ -22,17 +22,10 @@ metrics: [{type: accuracy, input: f2, label: label}]
 def write_config(tmp_path, solver: str = "", **data) -> str:
     """A config training the tiny model on a small generated dataset under tmp_path."""
     (tmp_path / "tiny.yaml").write_text(TINY_MODEL)
-    extra = "".join(f"  {k}: {v}\n" for k, v in data.items())
-    (tmp_path / "train.yaml").write_text(textwrap.dedent(f"""\
-        model: tiny.yaml
-        data:
-          source: generated
-          dir: {tmp_path / 'data'}
-          train_count: 480
-          test_count: 96
-          batch_size: 16
-          transform: {{scale: 0.00390625}}
-        """) + extra + textwrap.dedent("""\
+    data = {"source": "generated", "dir": tmp_path / "data", "train_count": 480,
+            "test_count": 96, "batch_size": 16, "transform": "{scale: 0.00390625}", **data}
+    lines = "".join(f"  {k}: {v}\n" for k, v in data.items())
+    (tmp_path / "train.yaml").write_text("model: tiny.yaml\ndata:\n" + lines + textwrap.dedent("""\
         solver:
           type: sgd
           base_lr: 0.05

@@ -26,11 +26,6 @@ from netrun.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 
-# One BLAS thread, here and in the reference run: until training is deterministic with
-# default threads (issue 13, point 1, fixed separately), thread races change the last bits.
-# The lead removes this once that fix is merged.
-ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
-
 # (first signal, second signal or None, milliseconds between them, solver.snapshot): with
 # periodic snapshots a second signal finds a last.h5 that must stay consistent.
 TRIES = [(signal.SIGINT, signal.SIGINT, 2, 20), (signal.SIGINT, signal.SIGINT, 15, 0),
@@ -40,7 +35,7 @@ TRIES = [(signal.SIGINT, signal.SIGINT, 2, 20), (signal.SIGINT, signal.SIGINT, 1
 
 def _spawn(config, output, *extra, **popen):
     return subprocess.Popen([sys.executable, "-m", "netrun.cli", "train", config, "-o", str(output),
-                             *extra], env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO)},
+                             *extra], env={**os.environ, "PYTHONPATH": str(REPO)},
                             **popen)
 
 
@@ -73,8 +68,7 @@ def _claims(err: str) -> list[tuple[Path, int]]:
     return found
 
 
-def test_signals_leave_one_consistent_checkpoint_and_tell_the_truth(tiny_config, tmp_path,
-                                                                    monkeypatch):
+def test_signals_leave_one_consistent_checkpoint_and_tell_the_truth(tiny_config, tmp_path):
     rng = np.random.default_rng(13)
     # All tries run at once (a short test); each is signalled at a random moment of its run.
     procs = [_spawn(tiny_config, tmp_path / f"run{k}", "--max-iter", "100000",
@@ -120,20 +114,15 @@ def test_signals_leave_one_consistent_checkpoint_and_tell_the_truth(tiny_config,
         assert all(p.name.startswith(".") or p.name in ("metrics.jsonl", "last.h5", "best.h5")
                    or re.fullmatch(r"iter_\d+\.h5", p.name) for p in out.iterdir())
     assert stops, "no try left a checkpoint"
-    for var, value in ONE_THREAD.items():
-        monkeypatch.setenv(var, value)
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1):
-        ref = Trainer(load_config(tiny_config), output=str(tmp_path / "ref"))
-        ref.start()
-        for iteration in sorted(stops):
-            while ref.iteration < iteration:
-                ref.step()
-            ref.save(tmp_path / "ref.h5")
-            for path in stops[iteration]:
-                _assert_same_state(path, tmp_path / "ref.h5")
-        ref.loader.close()
+    ref = Trainer(load_config(tiny_config), output=str(tmp_path / "ref"))
+    ref.start()
+    for iteration in sorted(stops):
+        while ref.iteration < iteration:
+            ref.step()
+        ref.save(tmp_path / "ref.h5")
+        for path in stops[iteration]:
+            _assert_same_state(path, tmp_path / "ref.h5")
+    ref.loader.close()
 
 
 def test_a_closed_stdout_stops_the_printing_not_the_training(tiny_config, tmp_path):
