@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import yaml
 
 from netrun.core.net import SimpleNet
 from netrun.core.schema import Cost, TensorSpec
 from netrun.core.shape_inference import infer_shapes
 from netrun.core.workspace import Workspace
-from netrun.errors import CheckpointError, ShapeError
+from netrun.errors import CheckpointError, NetrunError, ShapeError
 from netrun.model import load_model
 from netrun.proto.defs import NetDef
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import SolverConfig, load_config
+from netrun.util import safe_yaml
 from netrun.train.solver import build_training
 
 
@@ -51,8 +51,8 @@ def kind_of(path: str) -> str:
         return "checkpoint"
     if p.suffix in (".yaml", ".yml") and p.exists():
         try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError:
+            data = safe_yaml.safe_load(safe_yaml.read_text(p), str(p)) or {}
+        except NetrunError:
             return "model"  # the model loader reports the syntax error with its position
         if isinstance(data, dict) and "model" in data and ("solver" in data or "data" in data):
             return "config"

@@ -41,6 +41,7 @@ def test_key_does_not_confuse_swapped_fields():
 
 
 def test_environment_names_threads_and_libraries(monkeypatch):
+    monkeypatch.delenv("NETRUN_THREADS", raising=False)
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
     env = cache.environment("cpu", "Some CPU")
     assert env["threads"] == "3" and env["backend"] == "cpu" and env["device"] == "Some CPU"

@@ -58,8 +58,8 @@ def test_float32_agrees_with_the_numpy_engine(shape):
 
 @needs_numba
 def test_bitwise_identical_across_runs(monkeypatch):
-    """Same inputs, same bits; the partial filter spectra of the threads are summed in a fixed
-    order (so results depend on the thread count, like every batch-split algorithm)."""
+    """Same inputs, same bits: the chunks' partial filter spectra are summed in chunk order
+    (tests/test_determinism.py checks that the thread count changes nothing either)."""
     monkeypatch.setattr(parallel, "thread_count", lambda: 2)
     monkeypatch.setattr(parallel, "MIN_ELEMENTS", 0)
     p = replace(SHAPES["dilation 2"], dtype="float32")

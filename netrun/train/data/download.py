@@ -18,9 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from netrun.errors import NetrunError
+from netrun.util import safe_yaml
 
 RECIPES = Path(__file__).resolve().parents[3] / "data" / "recipes.yaml"
 log = logging.getLogger("netrun.data")
@@ -37,12 +36,7 @@ class DownloadError(NetrunError):
 def load_recipes(path: str | os.PathLike | None = None) -> dict[str, Any]:
     """The dataset recipes (name -> {urls, files: {name: {bytes, md5, sha256}}})."""
     path = Path(path) if path is not None else RECIPES
-    try:
-        recipes = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise NetrunError(f"cannot read the dataset recipes {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise NetrunError(f"{path}: not valid YAML ({e})") from None
+    recipes = safe_yaml.safe_load(safe_yaml.read_text(path), str(path))
     if not isinstance(recipes, dict):
         raise NetrunError(f"{path}: expected a mapping of dataset names to recipes")
     return recipes
