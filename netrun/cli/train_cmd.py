@@ -17,7 +17,7 @@ from netrun.cli.signals import StopRequest, signal_name
 
 
 @click.command()
-@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--device", help="cpu, gpu or gpu:N (default: the config's).")
 @click.option("-o", "--output", help="Run folder for checkpoints and metrics.jsonl.")
 @click.option("--resume", metavar="PATH|auto",
