@@ -56,12 +56,12 @@ class H5Writer:
         ds.attrs["crc32"] = _crc(array)
         # The CRC covers the bytes only; a damaged datatype message could make the same bytes
         # read as another type (float32 as uint32), so the type is recorded beside it.
-        ds.attrs["dtype"] = array.dtype.str
+        ds.attrs["dtype"] = np.bytes_(array.dtype.str)
 
     def put_text(self, key: str, text: str) -> None:
         self._f.create_dataset(key, data=np.frombuffer(text.encode(), dtype=np.uint8))
         self._f[key].attrs["crc32"] = zlib.crc32(text.encode()) & 0xFFFFFFFF
-        self._f[key].attrs["dtype"] = np.dtype(np.uint8).str
+        self._f[key].attrs["dtype"] = np.bytes_(np.dtype(np.uint8).str)
         self._f[key].attrs["text"] = 1
 
     def put_json(self, key: str, value: Any) -> None:
@@ -181,10 +181,25 @@ def _check_dataset(ds, key: str, file_size: int, layouts, need_crc: bool, refuse
     if nbytes > file_size:
         raise refuse(key, f"claims {nbytes:,} bytes, more than the whole file ({file_size:,})")
     if need_crc:
-        crc = ds.attrs.get("crc32")
+        crc = small_attr(ds, "crc32")
         if crc is None or np.asarray(crc).shape != () or np.asarray(crc).dtype.kind not in "iu":
             raise refuse(key, "has no checksum (crc32)")
     return tuple(int(d) for d in shape), dtype
+
+
+def small_attr(obj, name: str, default: Any = None) -> Any:
+    """An attribute holding one number or a short fixed-length string, else ValueError.
+
+    Anything else is damage: an array, or a variable-length string, whose heap reference a
+    flipped byte can turn into minutes of looping inside HDF5 (seen in fuzzing).
+    """
+    if name not in obj.attrs:
+        return default
+    aid = obj.attrs.get_id(name)
+    if aid.shape not in ((), (1,)) or aid.dtype.kind not in "iuS" or aid.dtype.itemsize > 64:
+        raise ValueError(f"attribute '{name}' is not a single number or short string "
+                         f"({aid.dtype}, shape {aid.shape})")
+    return obj.attrs[name]
 
 
 class H5Reader:
@@ -214,9 +229,9 @@ class H5Reader:
             raise CheckpointError(f"checkpoint '{self.path}' is corrupt: {e}") from None
 
     def _check_header(self) -> None:
-        if int(np.asarray(self._f.attrs.get(_COMPLETE, 0))) != 1:
+        if int(np.asarray(small_attr(self._f, _COMPLETE, 0))) != 1:
             raise CheckpointError(f"checkpoint '{self.path}' is incomplete (its write never finished)")
-        version = int(np.asarray(self._f.attrs.get("format_version", -1)))
+        version = int(np.asarray(small_attr(self._f, "format_version", -1)))
         if version != FORMAT_VERSION:
             raise CheckpointError(f"checkpoint '{self.path}' has format version {version}; "
                                   f"this netrun reads version {FORMAT_VERSION}")
@@ -244,8 +259,8 @@ class H5Reader:
             ds = self._f[key]
             value = np.asarray(ds[()])
             value = value.astype(value.dtype.newbyteorder("="), copy=False)
-            crc = int(np.asarray(ds.attrs["crc32"]))
-            dtype = ds.attrs.get("dtype")      # absent in files written before it was added
+            crc = int(np.asarray(small_attr(ds, "crc32")))
+            dtype = small_attr(ds, "dtype")      # absent in files written before it was added
             dtype = None if dtype is None else str(np.asarray(dtype).astype(str))
         except DAMAGE as e:
             raise CheckpointError(f"checkpoint '{self.path}': entry '{key}' cannot be read "
@@ -275,7 +290,7 @@ class H5Reader:
 
     def attr(self, name: str, default: Any = None) -> Any:
         try:
-            return self._f.attrs.get(name, default)
+            return small_attr(self._f, name, default)
         except DAMAGE as e:
             raise CheckpointError(f"checkpoint '{self.path}': attribute '{name}' cannot be "
                                   f"read (corrupt?): {e}") from None

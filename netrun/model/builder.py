@@ -433,6 +433,10 @@ def filler_op(filler: Filler, blob: str, shape: tuple[int, ...], where: str) -> 
         if k not in keys:
             raise NetrunError(f"{where}: filler '{kind}' has no option '{k}'{suggest(k, keys)}"
                               f" (options: {', '.join(keys) or 'none'})")
+        items = extra[k] if isinstance(extra[k], list) else [extra[k]]
+        if not all(isinstance(v, (bool, int, float, str)) for v in items):
+            raise NetrunError(f"{where}: filler '{kind}' option '{k}' must be a number, got "
+                              f"{extra[k]!r}")
     return make_op(op_type, [], [blob], shape=list(shape), **extra)
 
 

@@ -27,7 +27,7 @@ import yaml
 
 from netrun.errors import ParseError
 
-MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_FILE_BYTES = 4 * 1024 * 1024   # PyYAML parses about 0.5 MB/s: a bound on time too
 MAX_SCALAR_CHARS = 1024 * 1024
 MAX_DEPTH = 100
 MAX_NODES = 1_000_000

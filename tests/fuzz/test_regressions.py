@@ -167,3 +167,31 @@ def test_caffe_legacy_input_dim_of_the_wrong_type_is_a_listed_problem(tmp_path, 
                     'bottom: "data" top: "data" }\n')
     with pytest.raises(NetrunError, match="input_dim"):
         load_model(path)
+
+
+def test_a_filler_option_that_is_no_number_is_refused(tmp_path):
+    from netrun.model import load_model
+
+    path = tmp_path / "net.yaml"
+    path.write_text("name: n\ninputs: {data: [1, 4]}\nlayers:\n"
+                    "  - {type: fc, name: f, input: data, num_output: 2,\n"
+                    "     weight_filler: {type: constant, value: {}}}\n")
+    with pytest.raises(NetrunError, match="option 'value' must be a number"):
+        load_model(path)
+
+
+def test_checkpoint_attributes_other_than_small_scalars_are_damage(tmp_path):
+    # A variable-length string attribute can send HDF5 looping on a damaged heap reference.
+    from netrun.core.db import small_attr
+
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.attrs["n"] = 3
+        f.attrs["s"] = np.bytes_("<f4")
+        f.attrs["v"] = "<f4"                      # h5py stores a str as variable-length
+        f.attrs["arr"] = np.arange(4)
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        assert small_attr(f, "n") == 3 and small_attr(f, "s") == b"<f4"
+        assert small_attr(f, "missing", 7) == 7
+        for name in ("v", "arr"):
+            with pytest.raises(ValueError):
+                small_attr(f, name)

@@ -35,8 +35,9 @@ def _h5py():
 
 
 # What h5py raises on a damaged file: OSError to open, KeyError or RuntimeError to walk a
-# damaged group, ValueError or TypeError for a dataset it cannot convert.
-H5_DAMAGE = (OSError, KeyError, RuntimeError, ValueError, TypeError)
+# damaged group, ValueError, TypeError, IndexError or OverflowError for a dataset
+# or filter pipeline it cannot decode.
+H5_DAMAGE = (OSError, KeyError, RuntimeError, ValueError, TypeError, IndexError, OverflowError)
 # Deflate (the usual HDF5 filter) expands at most about 1032 times.
 _MAX_RATIO = 1032
 
