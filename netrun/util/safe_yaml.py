@@ -72,6 +72,11 @@ def _construct_int(loader: LimitedLoader, node: yaml.ScalarNode) -> int:
 
 
 LimitedLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+# YAML 1.1 (PyYAML) reads `1e-3` and `5e2` as strings: numbers without a dot, as YAML 1.2
+# and every config writer mean them. Earlier resolvers still take what they matched before.
+LimitedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 class _Limit(Exception):

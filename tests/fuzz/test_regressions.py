@@ -195,3 +195,11 @@ def test_checkpoint_attributes_other_than_small_scalars_are_damage(tmp_path):
         for name in ("v", "arr"):
             with pytest.raises(ValueError):
                 small_attr(f, name)
+
+
+def test_exponent_numbers_without_a_dot_are_floats():
+    # PyYAML alone (YAML 1.1) reads `1e-3` as the string '1e-3'.
+    from netrun.util.safe_yaml import safe_load
+
+    assert safe_load("a: 1e-3\nb: 5E2\nc: 1e\nd: 7\n") == {"a": 0.001, "b": 500.0, "c": "1e",
+                                                          "d": 7}

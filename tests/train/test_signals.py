@@ -101,7 +101,11 @@ def test_signals_leave_one_consistent_checkpoint_and_tell_the_truth(tiny_config,
     stops = {}
     for first, second, status, err, out in results:
         assert "Traceback" not in err, err
-        assert status == 128 + (second or first), err
+        # A quick first stop may finish (and exit 128 + first) before the second signal
+        # lands; then it must have written its checkpoint like a single signal.
+        assert status in {128 + first, 128 + (second or first)}, err
+        if second is not None and second != first and status == 128 + first:
+            second = None
         for path, iteration in _claims(err):          # never a save that did not happen
             assert path.exists(), err
             assert ckpt.read_info(path).iteration == iteration, err
