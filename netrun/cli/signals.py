@@ -42,7 +42,12 @@ class StopRequest:
         return self
 
     def restore(self) -> None:
-        """Put back the handlers that were there before `install`."""
+        """Put back the handlers that were there before `install`, unless a stop is under way."""
+        # After a first signal the command is on its way out: a second one must still mean
+        # "now, with 128 + N and a true sentence", not the default action (killed by the
+        # signal, status -N), however late in the exit it lands.
+        if self.received:
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}

@@ -103,8 +103,10 @@ def test_signals_leave_one_consistent_checkpoint_and_tell_the_truth(tiny_config,
         assert "Traceback" not in err, err
         # A quick first stop may finish (and exit 128 + first) before the second signal
         # lands; then it must have written its checkpoint like a single signal.
-        assert status in {128 + first, 128 + (second or first)}, err
-        if second is not None and second != first and status == 128 + first:
+        # A second signal landing in the interpreter's own shutdown, after the first stop
+        # finished, meets the default action (Python resets handlers there): status -N.
+        assert status in {128 + first, 128 + (second or first), -(second or first)}, err
+        if second is not None and second != first and status in (128 + first, -second):
             second = None
         for path, iteration in _claims(err):          # never a save that did not happen
             assert path.exists(), err
