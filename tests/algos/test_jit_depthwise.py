@@ -242,6 +242,20 @@ def test_im2col_and_col2im_are_bitwise_those_of_numpy(data):
 
 
 @needs_numba
+def test_im2col_tap_wholly_in_the_left_padding_writes_only_its_own_row():
+    """A tap whose window lies in the left padding zero-fills its row and no further (the
+    fill once ran past oW into the next image's row in the batch-inner layout)."""
+    from netrun.kernels.jit import im2col as compiled
+
+    p = ConvProblem(2, 1, 1, 3, 1, 1, 3, 1, 1, 0, 2, 0, 0, 1, 2, dtype="float32")
+    x = np.arange(1, 7, dtype=np.float32).reshape(2, 1, 1, 3)
+    scratch = netrun.Workspace().scratch
+    with jit.disabled():
+        ref = im2col_module._im2col(np, x, p, scratch, True).copy()
+    assert np.array_equal(compiled.im2col(x, p, scratch, True), ref)
+
+
+@needs_numba
 def test_im2col_calls_only_the_signatures_it_prepares(monkeypatch):
     from numba.core.sigutils import normalize_signature
 

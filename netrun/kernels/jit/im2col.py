@@ -31,7 +31,9 @@ def columns(w: int, ow: int, kw: int, sw: int, pl: int, dw: int) -> np.ndarray:
     table = np.empty((kw, 3), np.int64)
     for j in range(kw):
         lo = pl - j * dw                        # s·sw >= lo  and  s·sw <= W - 1 + lo
-        s0 = max(0, -(-lo // sw))
+        # clipped to oW: a tap wholly in the left padding has no column in the image, and
+        # the zero fill `range(s0)` must not run past the row
+        s0 = min(ow, max(0, -(-lo // sw)))
         s1 = min(ow, (w - 1 + lo) // sw + 1) if w - 1 + lo >= 0 else 0
         table[j] = s0, max(s0, s1), s0 * sw - lo
     return table
