@@ -45,6 +45,10 @@ class OneDNNConv(ConvAlgorithm):
     def applicable(self, p: ConvProblem) -> bool:
         return p.dtype == "float32" and onednn.available()
 
+    def unavailable(self) -> str:
+        """Why the engine cannot run here ('' when it can): what to install, or the switch."""
+        return onednn.why_not()
+
     def supports(self, xp, p: ConvProblem, direction: str) -> bool:
         return xp is None or xp is np
 
