@@ -149,7 +149,7 @@ def test_deterministic_mode_is_bitwise_reproducible_and_ignores_the_cache(tmp_pa
             net.run()
         # the rules' picks (oneDNN's are deterministic too: tests/test_determinism.py)
         assert [o.ctx.state["algo"] for o in net.ops] == (
-            ["onednn", "filter:onednn data:im2col_gemm"] if onednn.available()
+            ["onednn", "filter:onednn/data:im2col_gemm"] if onednn.available()
             else ["im2col_gemm", "im2col_gemm"])
         results.append({n: ws.fetch_blob(n).tobytes() for n in ("Y", "W_grad", "b_grad",
                                                                  "X_grad")})
@@ -297,7 +297,8 @@ def test_configure_checks_its_arguments():
         algos.parse_bytes("lots")
 
 
-def test_heuristic_respects_the_candidates():
+def test_heuristic_respects_the_candidates(monkeypatch):
+    monkeypatch.setenv("NETRUN_ONEDNN", "off")   # the NumPy rules (tests/algos/test_onednn.py)
     p = ConvProblem(2, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1)
     assert rule_choice(p, applicable_algorithms(p)).name == "im2col_gemm"
     wide = ConvProblem(2, 16, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1)
@@ -312,6 +313,7 @@ def test_binding_picks_and_warms_so_the_first_run_works_nothing_out(monkeypatch)
     """The memory plan made at bind asks for each direction's algorithm (remembered on the
     workspace) and warms it on a one-image copy; the first run then neither recomputes the
     rules nor runs anything but the full batch."""
+    monkeypatch.setenv("NETRUN_ONEDNN", "off")   # the NumPy rules: im2col_gemm for C = 3
     seen = []
     real_candidates = select.candidates
     monkeypatch.setattr(select, "candidates", lambda p, s, backend="cpu": seen.append(

@@ -6,11 +6,13 @@ reordered into them and back, around primitives compiled once per problem and di
 ReLU post-op (`fuses_relu`).
 
 Threads and determinism (same bits on any thread count, checked in tests/test_determinism.py):
-forward and backward-data run on netrun's thread count of OpenMP threads, whole batch: oneDNN
-gives every output element to one thread, so their bits do not depend on how many there
-are. Its filter gradient does: it sums the batch across threads. That direction instead
-runs the fixed batch chunks of netrun.kernels.parallel, one single-threaded oneDNN call per
-chunk on netrun's workers, the chunks' partial dW and db summed in chunk order.
+oneDNN's results can depend on its thread count: its filter gradient sums the batch across
+threads, and its GEMM-based kernels (small or grouped layers) split sums too. So every
+direction runs the fixed batch chunks of netrun.kernels.parallel (they depend on the
+problem, never on the thread count), one single-threaded oneDNN call per chunk on netrun's
+workers; forward and data-gradient chunks write their own images, and the chunks' partial
+dW and db are summed in chunk order. One OpenMP thread per call also means no OpenMP
+threads at all: nothing spins on the cores that netrun's workers need.
 """
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, register_algorithm
 from netrun.kernels import onednn, parallel
 from netrun.kernels.onednn import conv as engine
 
-# Images per filter-gradient chunk: the batch in 4 chunks at most (2 or 4 threads share them
-# evenly), and no chunk smaller than this many output elements (a call costs ~20 µs).
+# Images per chunk: the batch in 4 chunks at most (2 or 4 threads share them evenly), and no
+# chunk smaller than this many output elements (a call costs ~20 µs).
 CHUNKS = 4
 CHUNK_MIN_ELEMENTS = 1 << 15
 
@@ -54,7 +56,7 @@ class OneDNNConv(ConvAlgorithm):
 
     def workspace_bytes(self, p: ConvProblem) -> int:
         # blocked copies of x, y (or dY) and w, channels padded to a block of 16, and per
-        # filter-gradient chunk thread its own copies; oneDNN's scratchpad comes on top
+        # chunk thread a partial filter gradient; oneDNN's scratchpad comes on top
         pad = lambda c: -(-c // 16) * 16   # noqa: E731
         x, y = p.n * pad(p.c) * p.h * p.w, p.n * pad(p.k) * p.oh * p.ow
         w = pad(p.k) * pad(p.cg) * p.kh * p.kw
@@ -62,19 +64,29 @@ class OneDNNConv(ConvAlgorithm):
         return (x + y + w * (1 + threads)) * p.itemsize
 
     def forward(self, xp, x, w, p, out, scratch, bias=None, relu=False):
-        count = parallel.thread_count()
-        d = engine.plan(spec(p), "forward", count, bias is not None, relu)
+        x, w = _c(x), _c(w)
+        bias = None if bias is None else _c(bias)
         y = _writable(out, scratch, "onednn.y")
-        engine.run(d, count, scratch, src=_c(x), weights=_c(w),
-                   bias=None if bias is None else _c(bias), dst=y)
+
+        def work(index, n0, n1):
+            d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, relu)
+            engine.run(d, 1, parallel.chunk_scratch(scratch, index), src=x[n0:n1], weights=w,
+                       bias=bias, dst=y[n0:n1])
+
+        _chunks(p, work)
         if y is not out:
             out[...] = y
 
     def backward_data(self, xp, dy, w, p, out, scratch):
-        count = parallel.thread_count()
-        d = engine.plan(spec(p), "backward_data", count)
+        dy, w = _c(dy), _c(w)
         dx = _writable(out, scratch, "onednn.dx")
-        engine.run(d, count, scratch, diff_dst=_c(dy), weights=_c(w), diff_src=dx)
+
+        def work(index, n0, n1):
+            d = engine.plan(spec(p, n1 - n0), "backward_data", 1)
+            engine.run(d, 1, parallel.chunk_scratch(scratch, index), diff_dst=dy[n0:n1],
+                       weights=w, diff_src=dx[n0:n1])
+
+        _chunks(p, work)
         if dx is not out:
             out[...] = dx
 
@@ -99,11 +111,16 @@ class OneDNNConv(ConvAlgorithm):
                     np.add(dbias, db, out=dbias)
             return commit
 
-        work_size = p.n * p.k * p.oh * p.ow
-        block = max(-(-p.n // CHUNKS), -(-CHUNK_MIN_ELEMENTS // max(p.k * p.oh * p.ow, 1)))
-        parallel.chunks(np, p.n, work, work=work_size * p.cg * p.kh * p.kw, block=block)
+        _chunks(p, work)
         if dw is not out:
             out[...] = dw
+
+
+def _chunks(p: ConvProblem, work) -> None:
+    """work(index, n0, n1) over the problem's fixed batch chunks, on netrun's workers."""
+    per_image = max(p.k * p.oh * p.ow, 1)
+    block = max(-(-p.n // CHUNKS), -(-CHUNK_MIN_ELEMENTS // per_image))
+    parallel.chunks(np, p.n, work, work=p.n * per_image * p.cg * p.kh * p.kw, block=block)
 
 
 def _c(a):

@@ -72,10 +72,11 @@ class Direction:
         """Execute: reorder inputs in, run, reorder outputs out (arrays: NCHW, C-contiguous)."""
         pointers = {arg: a.ctypes.data for arg, a in arrays.items() if a is not None}
         staged = {}
+        held = []   # the scratch arrays behind raw pointers stay alive until the call ends
         for arg, (prim, src, dst) in self.reorders.items():
             if arg not in pointers:
                 continue
-            staged[arg] = _buffer(scratch, f"onednn.{arg}", self.chosen[arg].size)
+            staged[arg] = _buffer(scratch, f"onednn.{arg}", self.chosen[arg].size, held)
             if arg not in _OUTPUTS:
                 prim.execute([(api_arg("src"), src, pointers[arg]),
                               (api_arg("dst"), dst, staged[arg])])
@@ -83,7 +84,7 @@ class Direction:
                 for arg in pointers]
         if self.prim.scratch_bytes:
             args.append((api_arg("scratchpad"), self.prim.scratch_md,
-                         _buffer(scratch, "onednn.scratchpad", self.prim.scratch_bytes)))
+                         _buffer(scratch, "onednn.scratchpad", self.prim.scratch_bytes, held)))
         self.prim.execute(args)
         for arg, (prim, src, dst) in self.reorders.items():
             if arg in _OUTPUTS and arg in staged:
@@ -106,9 +107,11 @@ def _reorder(lib: api.Library, src: MemoryDesc, dst: MemoryDesc) -> Primitive:
     return Primitive(lib, pd, "reorder")
 
 
-def _buffer(scratch: Callable, key: str, nbytes: int) -> int:
-    """A 64-byte-aligned pointer to at least nbytes of the caller's scratch."""
+def _buffer(scratch: Callable, key: str, nbytes: int, held: list) -> int:
+    """A 64-byte-aligned pointer to at least nbytes of the caller's scratch (its array is
+    appended to `held`: the caller keeps it alive while oneDNN uses the pointer)."""
     raw = scratch(key, ((nbytes + 2 * ALIGN) // 4,), "float32")
+    held.append(raw)
     start = raw.ctypes.data
     return (start + ALIGN - 1) // ALIGN * ALIGN
 
