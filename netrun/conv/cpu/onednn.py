@@ -57,7 +57,7 @@ class OneDNNConv(ConvAlgorithm):
     def workspace_bytes(self, p: ConvProblem) -> int:
         # blocked copies of x, y (or dY) and w, channels padded to a block of 16, and per
         # chunk thread a partial filter gradient; oneDNN's scratchpad comes on top
-        pad = lambda c: -(-c // 16) * 16   # noqa: E731
+        pad = lambda c: -(-c // 16) * 16
         x, y = p.n * pad(p.c) * p.h * p.w, p.n * pad(p.k) * p.oh * p.ow
         w = pad(p.k) * pad(p.cg) * p.kh * p.kw
         threads = min(parallel.thread_count(), CHUNKS)

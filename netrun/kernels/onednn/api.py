@@ -10,8 +10,8 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
+from collections.abc import Sequence
 from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_int64, c_size_t, c_uint, c_void_p
-from typing import Sequence
 
 from netrun.errors import InternalError
 from netrun.kernels.onednn import enums, library
@@ -73,11 +73,27 @@ class OneDNNError(InternalError):
     """A oneDNN call that failed on arguments netrun built (a bug, not the user's input)."""
 
 
+class Version(ctypes.Structure):
+    """dnnl_version_t."""
+
+    _fields_ = [("major", c_int), ("minor", c_int), ("patch", c_int), ("hash", c_char_p),
+                ("cpu_runtime", c_uint), ("gpu_runtime", c_uint)]
+
+
+MAJOR = 3   # the C API (argument indices, query kinds, signatures) netrun is written against
+
+
 class Library:
     """The loaded library: typed functions, enum values, the CPU engine (one per process)."""
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
+        lib.dnnl_version.argtypes, lib.dnnl_version.restype = [], POINTER(Version)
+        v = lib.dnnl_version().contents
+        self.version = f"{v.major}.{v.minor}.{v.patch}"
+        if v.major != MAJOR:
+            raise LookupError(f"oneDNN {self.version} is installed; netrun needs {MAJOR}.x "
+                              f"({library.INSTALL_HINT})")
         for name, argtypes in _PROTOTYPES.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, c_int
@@ -126,7 +142,7 @@ class MemoryDesc:
         weakref.finalize(self, lib.lib.dnnl_memory_desc_destroy, handle)
 
     @classmethod
-    def tagged(cls, lib: Library, shape: Sequence[int], tag: str) -> "MemoryDesc":
+    def tagged(cls, lib: Library, shape: Sequence[int], tag: str) -> MemoryDesc:
         """float32 memory of `shape` in the layout named `tag` ('any', 'abcd', ...)."""
         h = c_void_p()
         lib.check(lib.lib.dnnl_memory_desc_create_with_tag(
@@ -135,7 +151,7 @@ class MemoryDesc:
         return cls(lib, h)
 
     @classmethod
-    def copy_of(cls, lib: Library, handle: int) -> "MemoryDesc":
+    def copy_of(cls, lib: Library, handle: int) -> MemoryDesc:
         """An owned clone of a descriptor another object owns (a primitive descriptor's)."""
         h = c_void_p()
         lib.check(lib.lib.dnnl_memory_desc_clone(byref(h), handle), "memory_desc_clone")

@@ -4,11 +4,12 @@ oneDNN (the gomp build) runs a primitive on `omp_get_max_threads()` threads of t
 thread's OpenMP team. netrun sets that number before every call (`use`), from the thread
 count its caller passes (netrun.kernels.parallel's), so NETRUN_THREADS limits oneDNN too.
 
-Between calls, idle OpenMP threads would spin on the cores for a while (libgomp's default
-spins 300,000 times before sleeping) while netrun's own workers need them. Unless the user
-set them, OMP_WAIT_POLICY and GOMP_SPINCOUNT are set before libgomp starts (it reads them
-once, when it loads) so that idle OpenMP threads spin only briefly and then sleep; the value
-follows a measurement (benchmarks/README.md, "oneDNN threads").
+The conv algorithm calls with a count of 1 from each of netrun's workers (its results must
+not depend on the thread count; netrun.conv.cpu.onednn), so no OpenMP team starts at all.
+For callers that ask for more: idle OpenMP threads would spin on the cores for a while
+(libgomp's default spins 300,000 times before sleeping) while netrun's own workers need
+them, so unless the user chose OMP_WAIT_POLICY or GOMP_SPINCOUNT, a short spin is set
+before libgomp starts (it reads them once, when it loads).
 """
 from __future__ import annotations
 
