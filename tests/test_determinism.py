@@ -20,7 +20,7 @@ import pytest
 
 import netrun
 from netrun.conv.algorithm import ConvProblem, algorithms
-from netrun.kernels import jit, parallel
+from netrun.kernels import jit, onednn, parallel
 from tests.train.conftest import write_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,6 +98,7 @@ PROBLEMS = {   # per algorithm: a float32 problem it applies to, big enough for 
     "depthwise": ConvProblem(8, 6, 9, 8, 12, 3, 3, 2, 1, 1, 0, 2, 1, group=6),
     "depthwise_jit": ConvProblem(8, 6, 9, 8, 12, 3, 3, 1, 1, 1, 0, 2, 1, group=6),
     "winograd_jit": ConvProblem(8, 6, 9, 8, 10, 3, 3, 1, 1, 1, 0, 2, 1, 2, 1),
+    "onednn": ConvProblem(8, 6, 9, 8, 10, 3, 3, 2, 1, 1, 0, 2, 1, 2, 1, group=2),
 }
 
 
@@ -120,6 +121,8 @@ def _conv_passes(name: str, p: ConvProblem, threads: int, monkeypatch) -> list[n
 def test_every_cpu_algorithm_gives_the_same_bits_on_any_thread_count(name, monkeypatch):
     if name in ("depthwise_jit", "winograd_jit") and not jit.available():
         pytest.skip("the compiled engine (Numba) is not installed")
+    if name == "onednn" and not onednn.available():
+        pytest.skip("the oneDNN engine is not installed")
     p = PROBLEMS[name]
     assert algorithms("cpu")[name].applicable(p)
     # every chunk and block as small as the problem allows, so the work really is cut up

@@ -33,6 +33,7 @@ class ConvAlgorithm:
     backend = "cpu"        # the backend whose arrays it runs on (its registry)
     deterministic = True   # same bits on every run (no atomics / reordering by timing)
     optional_engine = False   # an outside library that may fail to run: a search skips it
+    fuses_relu = False     # forward(..., relu=True) applies ReLU to its output
     summary = ""           # one line for `netrun algos` and profiles
 
     def applicable(self, p: ConvProblem) -> bool:

@@ -26,6 +26,16 @@ from netrun.errors import ShapeError
 #   copying than im2col) unless their contraction C/G·kw is too thin for an efficient GEMM
 #   (first layers: C = 1 or 3), and everything else im2col + GEMM.
 # The NumPy Winograd and FFT algorithms win only for some shapes; exhaustive search finds those.
+# oneDNN (where installed) goes first, after the depthwise algorithms, for kernels larger
+# than 1×1 (its reorders to and from NCHW cost more than a 1×1 GEMM saves), except: for
+# filter gradients only while a group has at most ONEDNN_MAX_FILTER_CHANNELS channels either
+# way (it sums the batch in chunks, and on wide layers loses to the GEMM algorithms); for data
+# gradients not for first layers (C < ONEDNN_MIN_DATA_CHANNELS: its strided kernel is slow);
+# and never where compiled Winograd runs layers of ONEDNN_WINOGRAD_CHANNELS channels or more
+# (4× fewer multiplications).
+ONEDNN_MAX_FILTER_CHANNELS = 32
+ONEDNN_MIN_DATA_CHANNELS = 16
+ONEDNN_WINOGRAD_CHANNELS = 64
 SHIFT_MIN_CONTRACTION = 32
 DFT_MAX_FLOP_RATIO = 0.75
 WINOGRAD_MIN_CHANNELS = 32
@@ -50,12 +60,17 @@ COUNTERPARTS = {
 }
 
 
-def preference(p: ConvProblem, backend: str = "cpu") -> tuple[str, ...]:
-    """Algorithm names in the rules' order of preference for p on the backend."""
+def preference(p: ConvProblem, backend: str = "cpu",
+               direction: str = "forward") -> tuple[str, ...]:
+    """Algorithm names in the rules' order of preference for one direction of p."""
     if backend == "gpu":
         return GPU_PREFERENCE
-    first: tuple[str, ...] = ("depthwise_jit", "depthwise", "gemm_1x1")
-    if (min(p.c, p.k) >= WINOGRAD_MIN_CHANNELS and p.n * tiles(p) >= WINOGRAD_MIN_TILES):
+    winograd = min(p.c, p.k) >= WINOGRAD_MIN_CHANNELS and p.n * tiles(p) >= WINOGRAD_MIN_TILES
+    first: tuple[str, ...] = ("depthwise_jit", "depthwise")
+    if _onednn_first(p, direction, winograd):
+        first += ("onednn",)
+    first += ("gemm_1x1",)
+    if winograd:
         first += ("winograd_jit",)
     direct = 2 * p.n * p.k * p.cg * p.kh * p.kw * p.oh * p.ow
     if p.sh == p.sw == 1 and model_flops(p) <= DFT_MAX_FLOP_RATIO * direct:
@@ -65,11 +80,25 @@ def preference(p: ConvProblem, backend: str = "cpu") -> tuple[str, ...]:
     return first + ("im2col_gemm", "shift_gemm")
 
 
+def _onednn_first(p: ConvProblem, direction: str, winograd: bool) -> bool:
+    """Whether oneDNN leads the preference for this direction (see the notes above)."""
+    if p.kh * p.kw == 1:
+        return False
+    if (winograd and min(p.c, p.k) >= ONEDNN_WINOGRAD_CHANNELS
+            and (p.kh, p.kw, p.sh, p.sw, p.group) == (3, 3, 1, 1, 1)):
+        return False
+    if direction == "backward_filter":
+        return min(p.cg, p.kg) <= ONEDNN_MAX_FILTER_CHANNELS
+    if direction == "backward_data":
+        return p.c >= ONEDNN_MIN_DATA_CHANNELS
+    return True
+
+
 def rule_choice(p: ConvProblem, pool: list[ConvAlgorithm], direction: str = "forward",
                 backend: str = "cpu", xp: Any = None) -> ConvAlgorithm:
     """The rules' pick among `pool` (applicable algorithms of the backend), without timing."""
     names = {a.name: a for a in pool}
-    for name in preference(p, backend):
+    for name in preference(p, backend, direction):
         algo = names.get(name)
         if algo is not None and algo.supports(xp, p, direction):
             return algo
@@ -87,8 +116,10 @@ def fixed_algorithm(p: ConvProblem, fixed: str, backend: str) -> ConvAlgorithm |
         algo = own[fixed]
         if not algo.applicable(p):
             names = ", ".join(a.name for a in own.values() if a.applicable(p))
+            # an optional engine says what is missing (how to install it) before the shapes
+            why = getattr(algo, "unavailable", lambda: "")()
             raise ShapeError(f"algorithm '{fixed}' cannot run this convolution "
-                             f"({p.describe()}); applicable: {names}")
+                             f"({p.describe()}){': ' + why if why else ''}; applicable: {names}")
         return algo
     if find_algorithm(fixed) is None:
         raise ShapeError(f"unknown convolution algorithm '{fixed}'")

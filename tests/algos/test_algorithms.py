@@ -9,7 +9,7 @@ import netrun
 from netrun.conv.algorithm import ConvProblem, algorithms, applicable_algorithms
 from netrun.conv.cpu import fft as fft_module
 from netrun.conv.cpu import im2col as im2col_module
-from netrun.kernels import jit
+from netrun.kernels import jit, onednn
 from tests.algos.reference import ref_conv
 
 ALGORITHMS = algorithms("cpu")   # name -> the registered CPU algorithm
@@ -27,13 +27,14 @@ CONSTRAINTS = {
     "depthwise": {"depthwise": True},
     "depthwise_jit": {"depthwise": True},   # needs Numba: skipped without it
     "winograd_jit": {"kernel": 3, "stride": 1, "group": 1},   # needs Numba too
+    "onednn": {"dtype": "float32"},   # needs oneDNN (netrun[onednn]); float32 only
 }
 
 
 @st.composite
 def problems(draw, kernel=None, stride=None, stride_h=None, dilation=None, pads=True,
-             depthwise=False, group=None, max_side=6):
-    """A random float64 ConvProblem within the constraints, and a seed."""
+             depthwise=False, group=None, max_side=6, dtype="float64"):
+    """A random ConvProblem (float64 unless told) within the constraints, and a seed."""
     group = group or draw(st.sampled_from([1, 1, 2, 3]))
     cg = 1 if depthwise else draw(st.integers(1, 3))
     group = draw(st.sampled_from([2, 3, 4])) if depthwise else group
@@ -48,7 +49,7 @@ def problems(draw, kernel=None, stride=None, stride_h=None, dilation=None, pads=
     h = draw(st.integers(max(1, dkh - pad[0] - pad[2]), dkh + max_side))
     w = draw(st.integers(max(1, dkw - pad[1] - pad[3]), dkw + max_side))
     return ConvProblem(n, cg * group, h, w, kg * group, kh, kw, sh, sw, *pad, dh, dw, group,
-                       "float64"), draw(st.integers(0, 2**16))
+                       dtype), draw(st.integers(0, 2**16))
 
 
 def run_all(algo, p: ConvProblem, seed: int, scratch=None):
@@ -77,6 +78,18 @@ DIRECTIONS = ("forward", "backward_data", "backward_filter", "bias gradient")
 def _needs_engine(name: str) -> None:
     if name in ("depthwise_jit", "winograd_jit") and not jit.available():
         pytest.skip("the compiled engine (Numba) is not installed")
+    if name == "onednn" and not onednn.available():
+        pytest.skip("the oneDNN engine is not installed (or NETRUN_ONEDNN=off)")
+
+
+def _close(a, r, err_msg: str, rtol: float = 1e-9) -> None:
+    """a ≈ r: to rtol in float64; float32 results to float32 rounding of their sums."""
+    if a.dtype == np.float32:
+        scale = float(np.abs(r).max()) if r.size else 1.0
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5 * max(scale, 1.0),
+                                   err_msg=err_msg)
+    else:
+        np.testing.assert_allclose(a, r, rtol=rtol, atol=rtol, err_msg=err_msg)
 
 
 @pytest.mark.parametrize("name", sorted(CONSTRAINTS))
@@ -90,8 +103,7 @@ def test_every_algorithm_matches_the_reference(name, data):
     assert algo.workspace_bytes(p) >= 0
     got, refs = run_all(algo, p, seed)
     for what, a, r in zip(DIRECTIONS, got, refs):
-        np.testing.assert_allclose(a, r, rtol=1e-9, atol=1e-9,
-                                   err_msg=f"{name} {what} on {p.describe()}")
+        _close(a, r, f"{name} {what} on {p.describe()}")
 
 
 @pytest.mark.parametrize("name", sorted(CONSTRAINTS))
@@ -107,8 +119,7 @@ def test_both_gradients_at_once_match_the_reference(name, data):
     dx, dw, db = (np.full(a.shape, np.nan, p.dtype) for a in (x, w, db_ref))
     algo.backward(np, x, dy, w, p, dx, dw, netrun.Workspace().scratch, dbias=db)
     for what, a, r in (("dx", dx, dx_ref), ("dw", dw, dw_ref), ("db", db, db_ref)):
-        np.testing.assert_allclose(a, r, rtol=1e-9, atol=1e-9,
-                                   err_msg=f"{name} {what} on {p.describe()}")
+        _close(a, r, f"{name} {what} on {p.describe()}")
 
 
 def _gradient_refs(p: ConvProblem, seed: int):
@@ -116,9 +127,10 @@ def _gradient_refs(p: ConvProblem, seed: int):
     x = rng.standard_normal((p.n, p.c, p.h, p.w)).astype(p.dtype)
     w = rng.standard_normal((p.k, p.cg, p.kh, p.kw)).astype(p.dtype)
     dy = rng.standard_normal((p.n, p.k, p.oh, p.ow)).astype(p.dtype)
-    _, grads = ref_conv(x, w, (p.sh, p.sw), (p.pt, p.pl, p.pb, p.pr), (p.dh, p.dw), p.group)
-    dx_ref, dw_ref = grads(dy)
-    return (None, dx_ref, dw_ref, dy.sum((0, 2, 3))), x, w, dy
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    _, grads = ref_conv(x64, w64, (p.sh, p.sw), (p.pt, p.pl, p.pb, p.pr), (p.dh, p.dw), p.group)
+    dx_ref, dw_ref = grads(dy64)
+    return (None, dx_ref, dw_ref, dy64.sum((0, 2, 3))), x, w, dy
 
 
 def test_every_algorithm_has_a_strategy():
@@ -144,6 +156,7 @@ OUTSIDE = {   # a problem just outside each algorithm's constraints
     "depthwise": ConvProblem(2, 4, 5, 5, 4, 3, 3, group=2),
     "depthwise_jit": ConvProblem(2, 4, 5, 5, 4, 3, 3, group=2),
     "winograd_jit": ConvProblem(2, 4, 5, 5, 4, 3, 3, sw=2),
+    "onednn": ConvProblem(2, 4, 5, 5, 4, 3, 3, dtype="float64"),
 }
 
 
@@ -290,11 +303,12 @@ def test_algorithms_agree_when_the_batch_is_split_across_threads(name, monkeypat
     cases = {"gemm_1x1": ConvProblem(5, 6, 5, 4, 4, 1, 1, 2, 1, dtype="float64"),
              "depthwise": depthwise, "depthwise_jit": depthwise,
              "winograd_jit": ConvProblem(5, 6, 7, 6, 4, 3, 3, 1, 1, 1, 0, 2, 1, 1, 2, 1,
-                                         "float64")}
+                                         "float64"),
+             "onednn": ConvProblem(5, 6, 7, 6, 4, 3, 3, 1, 1, 1, 0, 2, 1, 1, 1, 2, "float32")}
     p = cases.get(name, ConvProblem(5, 6, 7, 6, 4, 3, 3, 1, 1, 1, 0, 2, 1, 1, 1, 2, "float64"))
     got, refs = run_all(ALGORITHMS[name], p, 4)
     for what, a, r in zip(DIRECTIONS, got, refs):
-        np.testing.assert_allclose(a, r, rtol=1e-10, atol=1e-10, err_msg=f"{name} {what}")
+        _close(a, r, f"{name} {what}", rtol=1e-10)
     if name in ("im2col_gemm", "shift_gemm", "depthwise", "dft_gemm", "depthwise_jit",
-                "winograd_jit"):
+                "winograd_jit", "onednn"):
         assert calls, f"{name} did not go through parallel.chunks"

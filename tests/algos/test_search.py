@@ -21,7 +21,7 @@ from netrun.conv.rules import rule_choice
 from netrun.conv.state import SearchStats
 from netrun.core.net import SimpleNet
 from netrun.errors import ConfigError
-from netrun.kernels import jit
+from netrun.kernels import jit, onednn
 
 ALGORITHMS = algorithms("cpu")
 
@@ -73,7 +73,8 @@ def test_heuristic_mode_never_times_or_writes(tmp_path):
     net.run()
     assert ws.conv.stats.searches == 0 and ws.conv.stats.timed_runs == 0
     assert list(tmp_path.iterdir()) == []
-    assert net.ops[0].ctx.state["algo"] == "im2col_gemm"   # C·kw = 9: im2col's rule
+    # C·kw = 9: im2col's rule, unless oneDNN is there (the rules put it first for 3×3)
+    assert net.ops[0].ctx.state["algo"] == ("onednn" if onednn.available() else "im2col_gemm")
 
 
 def test_exhaustive_mode_picks_the_fastest_and_remembers_it(tmp_path, monkeypatch):
@@ -86,7 +87,8 @@ def test_exhaustive_mode_picks_the_fastest_and_remembers_it(tmp_path, monkeypatc
     assert net.ops[0].ctx.state["algo"] == "fft" and net.ops[1].ctx.state["algo"] == "fft"
     timed = set(calls)
     assert timed == {"im2col_gemm", "shift_gemm", "fft", "dft_gemm", "winograd_f2x2",
-                     "winograd_f4x4"} | ({"winograd_jit"} if jit.available() else set())
+                     "winograd_f4x4"} | ({"winograd_jit"} if jit.available() else set()) \
+        | ({"onednn"} if onednn.available() else set())
     net.run()                           # same shapes: nothing is searched or looked up again
     assert ws.conv.stats.searches == 3 and ws.conv.stats.cache_hits == 0
     _, entries = cache.read_file(cache.list_files(tmp_path)[0])
@@ -145,7 +147,10 @@ def test_deterministic_mode_is_bitwise_reproducible_and_ignores_the_cache(tmp_pa
         net = conv_net(ws)
         for _ in range(2):
             net.run()
-        assert [o.ctx.state["algo"] for o in net.ops] == ["im2col_gemm", "im2col_gemm"]
+        # the rules' picks (oneDNN's are deterministic too: tests/test_determinism.py)
+        assert [o.ctx.state["algo"] for o in net.ops] == (
+            ["onednn", "filter:onednn/data:im2col_gemm"] if onednn.available()
+            else ["im2col_gemm", "im2col_gemm"])
         results.append({n: ws.fetch_blob(n).tobytes() for n in ("Y", "W_grad", "b_grad",
                                                                  "X_grad")})
         assert ws.conv.stats.cache_hits == 0 and ws.conv.stats.searches == 0
@@ -292,7 +297,8 @@ def test_configure_checks_its_arguments():
         algos.parse_bytes("lots")
 
 
-def test_heuristic_respects_the_candidates():
+def test_heuristic_respects_the_candidates(monkeypatch):
+    monkeypatch.setenv("NETRUN_ONEDNN", "off")   # the NumPy rules (tests/algos/test_onednn.py)
     p = ConvProblem(2, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1)
     assert rule_choice(p, applicable_algorithms(p)).name == "im2col_gemm"
     wide = ConvProblem(2, 16, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1)
@@ -307,6 +313,7 @@ def test_binding_picks_and_warms_so_the_first_run_works_nothing_out(monkeypatch)
     """The memory plan made at bind asks for each direction's algorithm (remembered on the
     workspace) and warms it on a one-image copy; the first run then neither recomputes the
     rules nor runs anything but the full batch."""
+    monkeypatch.setenv("NETRUN_ONEDNN", "off")   # the NumPy rules: im2col_gemm for C = 3
     seen = []
     real_candidates = select.candidates
     monkeypatch.setattr(select, "candidates", lambda p, s, backend="cpu": seen.append(

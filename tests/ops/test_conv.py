@@ -317,7 +317,8 @@ def heuristic_choice(p: ConvProblem):
     return rule_choice(p, applicable_algorithms(p))
 
 
-def test_heuristic_and_applicability():
+def test_heuristic_and_applicability(monkeypatch):
+    monkeypatch.setenv("NETRUN_ONEDNN", "off")   # NumPy's rules (oneDNN's: tests/algos/test_onednn.py)
     one = ConvProblem(2, 4, 5, 5, 8, 1, 1, 2, 2)
     three = ConvProblem(2, 4, 5, 5, 8, 3, 3, pt=1, pl=1, pb=1, pr=1)
     wide = ConvProblem(2, 16, 5, 5, 8, 3, 3, pt=1, pl=1, pb=1, pr=1)   # C·kw = 48 >= 32

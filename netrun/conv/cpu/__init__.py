@@ -16,3 +16,4 @@ from netrun.conv.cpu import gemm1x1  # noqa: F401
 from netrun.conv.cpu import winograd  # noqa: F401
 from netrun.conv.cpu import jit_depthwise  # noqa: F401
 from netrun.conv.cpu import jit_winograd  # noqa: F401
+from netrun.conv.cpu import onednn  # noqa: F401

@@ -1,0 +1,135 @@
+"""oneDNN's convolutions (the optional `netrun[onednn]` engine) as the algorithm "onednn".
+
+oneDNN picks blocked layouts for each problem (format `any`); netrun's NCHW arrays are
+reordered into them and back, around primitives compiled once per problem and direction
+(netrun.kernels.onednn.conv). The forward pass fuses the bias and, asked with relu=True, a
+ReLU post-op (`fuses_relu`).
+
+Threads and determinism (same bits on any thread count, checked in tests/test_determinism.py):
+oneDNN's results can depend on its thread count: its filter gradient sums the batch across
+threads, and its GEMM-based kernels (small or grouped layers) split sums too. So every
+direction runs the fixed batch chunks of netrun.kernels.parallel (they depend on the
+problem, never on the thread count), one single-threaded oneDNN call per chunk on netrun's
+workers; forward and data-gradient chunks write their own images, and the chunks' partial
+dW and db are summed in chunk order. One OpenMP thread per call also means no OpenMP
+threads at all: nothing spins on the cores that netrun's workers need.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, register_algorithm
+from netrun.kernels import onednn, parallel
+from netrun.kernels.onednn import conv as engine
+
+# Images per chunk: the batch in 4 chunks at most (2 or 4 threads share them evenly), and no
+# chunk smaller than this many output elements (a call costs ~20 µs).
+CHUNKS = 4
+CHUNK_MIN_ELEMENTS = 1 << 15
+
+
+def spec(p: ConvProblem, n: int | None = None) -> engine.ConvSpec:
+    """The problem in oneDNN's terms (batch `n` for a chunk)."""
+    return engine.ConvSpec(p.n if n is None else n, p.c, p.h, p.w, p.k, p.kh, p.kw, p.oh,
+                           p.ow, (p.sh, p.sw), (p.dh - 1, p.dw - 1), (p.pt, p.pl),
+                           (p.pb, p.pr), p.group)
+
+
+@register_algorithm
+class OneDNNConv(ConvAlgorithm):
+    """oneDNN's direct convolutions in its blocked layouts, reordered from and to NCHW."""
+
+    name = "onednn"
+    optional_engine = True
+    fuses_relu = True
+    summary = "oneDNN (netrun[onednn]): direct convolution in blocked layouts, fused bias/ReLU"
+
+    def applicable(self, p: ConvProblem) -> bool:
+        return p.dtype == "float32" and onednn.available()
+
+    def unavailable(self) -> str:
+        """Why the engine cannot run here ('' when it can): what to install, or the switch."""
+        return onednn.why_not()
+
+    def supports(self, xp, p: ConvProblem, direction: str) -> bool:
+        return xp is None or xp is np
+
+    def workspace_bytes(self, p: ConvProblem) -> int:
+        # blocked copies of x, y (or dY) and w, channels padded to a block of 16, and per
+        # chunk thread a partial filter gradient; oneDNN's scratchpad comes on top
+        pad = lambda c: -(-c // 16) * 16
+        x, y = p.n * pad(p.c) * p.h * p.w, p.n * pad(p.k) * p.oh * p.ow
+        w = pad(p.k) * pad(p.cg) * p.kh * p.kw
+        threads = min(parallel.thread_count(), CHUNKS)
+        return (x + y + w * (1 + threads)) * p.itemsize
+
+    def forward(self, xp, x, w, p, out, scratch, bias=None, relu=False):
+        x, w = _c(x), _c(w)
+        bias = None if bias is None else _c(bias)
+        y = _writable(out, scratch, "onednn.y")
+
+        def work(index, n0, n1):
+            d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, relu)
+            engine.run(d, 1, parallel.chunk_scratch(scratch, index), src=x[n0:n1], weights=w,
+                       bias=bias, dst=y[n0:n1])
+
+        _chunks(p, work)
+        if y is not out:
+            out[...] = y
+
+    def backward_data(self, xp, dy, w, p, out, scratch):
+        dy, w = _c(dy), _c(w)
+        dx = _writable(out, scratch, "onednn.dx")
+
+        def work(index, n0, n1):
+            d = engine.plan(spec(p, n1 - n0), "backward_data", 1)
+            engine.run(d, 1, parallel.chunk_scratch(scratch, index), diff_dst=dy[n0:n1],
+                       weights=w, diff_src=dx[n0:n1])
+
+        _chunks(p, work)
+        if dx is not out:
+            out[...] = dx
+
+    def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
+        x, dy = _c(x), _c(dy)
+        dw = _writable(out, scratch, "onednn.dw")
+
+        def work(index, n0, n1):
+            s = parallel.chunk_scratch(scratch, index)
+            d = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None)
+            mine = dw if index == 0 else s("onednn.dw_part", dw.shape, "float32")
+            db = dbias if index == 0 else (
+                None if dbias is None else s("onednn.db_part", dbias.shape, "float32"))
+            engine.run(d, 1, s, src=x[n0:n1], diff_dst=dy[n0:n1], diff_weights=mine,
+                       diff_bias=db)
+            if index == 0:
+                return None
+
+            def commit():
+                np.add(dw, mine, out=dw)
+                if dbias is not None:
+                    np.add(dbias, db, out=dbias)
+            return commit
+
+        _chunks(p, work)
+        if dw is not out:
+            out[...] = dw
+
+
+def _chunks(p: ConvProblem, work) -> None:
+    """work(index, n0, n1) over the problem's fixed batch chunks, on netrun's workers."""
+    per_image = max(p.k * p.oh * p.ow, 1)
+    block = max(-(-p.n // CHUNKS), -(-CHUNK_MIN_ELEMENTS // per_image))
+    parallel.chunks(np, p.n, work, work=p.n * per_image * p.cg * p.kh * p.kw, block=block)
+
+
+def _c(a):
+    """a as a C-contiguous float32 array (no copy when it already is one)."""
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _writable(out, scratch, key: str):
+    """out itself when oneDNN can write it in place, else a contiguous scratch twin."""
+    if out.flags.c_contiguous and out.dtype == np.float32:
+        return out
+    return scratch(key, out.shape, "float32")

@@ -1,0 +1,219 @@
+"""Convolution primitives of oneDNN for one problem: blocked layouts, reorders, scratchpads.
+
+A plan holds, per direction, the primitive oneDNN built with format `any` (it picks its
+blocked layouts, e.g. 16 channels innermost) and the reorders between netrun's NCHW arrays
+(filters K × C/G × kh × kw) and those layouts; where oneDNN chose plain NCHW, no reorder
+runs. Blocked intermediates and the scratchpad (attributes ask for a user-managed one) come
+from the caller's `scratch(key, shape, dtype)`, so nothing is allocated per call.
+
+Plans are compiled once per (problem, direction, bias, ReLU, thread count) and memoized:
+the memo is a cache of immutable compiled objects, safe to share between workspaces and
+threads. The thread count is part of the key because oneDNN fits its blocking to the
+threads it sees when a primitive is created.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from netrun.kernels.onednn import api, threads
+from netrun.kernels.onednn.api import MemoryDesc, Primitive
+
+ALIGN = 64   # bytes: oneDNN's kernels load whole cache lines
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """One convolution in oneDNN's terms (dilation as oneDNN counts it: d - 1)."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    pad_l: tuple[int, int]
+    pad_r: tuple[int, int]
+    groups: int
+
+    @property
+    def weight_shape(self) -> tuple[int, ...]:
+        if self.groups == 1:
+            return (self.k, self.c, self.kh, self.kw)
+        return (self.groups, self.k // self.groups, self.c // self.groups, self.kh, self.kw)
+
+
+class Direction:
+    """One primitive with its reorders: `args` name which memory each argument uses."""
+
+    def __init__(self, lib: api.Library, prim: Primitive, user: dict[str, MemoryDesc]):
+        self.lib, self.prim = lib, prim
+        self.chosen = {}      # argument -> the layout the primitive runs on
+        self.reorders = {}    # argument -> the reorder between user and chosen layouts
+        for arg, user_md in user.items():
+            # bias vectors are plain (K,) arrays in every layout oneDNN uses
+            chosen = None if "bias" in arg else prim.md(f"{arg}_md")
+            if chosen is None or chosen == user_md:
+                self.chosen[arg] = user_md
+                continue
+            self.chosen[arg] = chosen
+            src, dst = (chosen, user_md) if arg in _OUTPUTS else (user_md, chosen)
+            self.reorders[arg] = (_reorder(lib, src, dst), src, dst)
+
+    def run(self, arrays: dict[str, Any], scratch: Callable) -> None:
+        """Execute: reorder inputs in, run, reorder outputs out (arrays: NCHW, C-contiguous)."""
+        pointers = {arg: a.ctypes.data for arg, a in arrays.items() if a is not None}
+        staged = {}
+        held = []   # the scratch arrays behind raw pointers stay alive until the call ends
+        for arg, (prim, src, dst) in self.reorders.items():
+            if arg not in pointers:
+                continue
+            staged[arg] = _buffer(scratch, f"onednn.{arg}", self.chosen[arg].size, held)
+            if arg not in _OUTPUTS:
+                prim.execute([(api_arg("src"), src, pointers[arg]),
+                              (api_arg("dst"), dst, staged[arg])])
+        args = [(api_arg(arg), self.chosen[arg], staged.get(arg, pointers[arg]))
+                for arg in pointers]
+        if self.prim.scratch_bytes:
+            args.append((api_arg("scratchpad"), self.prim.scratch_md,
+                         _buffer(scratch, "onednn.scratchpad", self.prim.scratch_bytes, held)))
+        self.prim.execute(args)
+        for arg, (prim, src, dst) in self.reorders.items():
+            if arg in _OUTPUTS and arg in staged:
+                prim.execute([(api_arg("src"), src, staged[arg]),
+                              (api_arg("dst"), dst, pointers[arg])])
+
+
+_OUTPUTS = ("dst", "diff_src", "diff_weights")
+
+
+def api_arg(name: str) -> int:
+    """The execution argument index of `name` (DNNL_ARG_*)."""
+    return api.enums.ARG[name]
+
+
+def _reorder(lib: api.Library, src: MemoryDesc, dst: MemoryDesc) -> Primitive:
+    attr = api.Attr(lib)
+    pd = api.create_pd(lib, "dnnl_reorder_primitive_desc_create", src.handle, lib.engine,
+                       dst.handle, lib.engine, attr.handle, what="reorder")
+    return Primitive(lib, pd, "reorder")
+
+
+def _buffer(scratch: Callable, key: str, nbytes: int, held: list) -> int:
+    """A 64-byte-aligned pointer to at least nbytes of the caller's scratch (its array is
+    appended to `held`: the caller keeps it alive while oneDNN uses the pointer)."""
+    raw = scratch(key, ((nbytes + 2 * ALIGN) // 4,), "float32")
+    held.append(raw)
+    start = raw.ctypes.data
+    return (start + ALIGN - 1) // ALIGN * ALIGN
+
+
+# Building -------------------------------------------------------------------------------------
+def _user_mds(lib: api.Library, s: ConvSpec) -> dict[str, MemoryDesc]:
+    tag_w = "abcd" if s.groups == 1 else "abcde"
+    return {"src": MemoryDesc.tagged(lib, (s.n, s.c, s.h, s.w), "abcd"),
+            "weights": MemoryDesc.tagged(lib, s.weight_shape, tag_w),
+            "dst": MemoryDesc.tagged(lib, (s.n, s.k, s.oh, s.ow), "abcd"),
+            "bias": MemoryDesc.tagged(lib, (s.k,), "a")}
+
+
+def _any_mds(lib: api.Library, s: ConvSpec, plain: bool) -> dict[str, MemoryDesc]:
+    if plain:
+        return _user_mds(lib, s)
+    return {"src": MemoryDesc.tagged(lib, (s.n, s.c, s.h, s.w), "any"),
+            "weights": MemoryDesc.tagged(lib, s.weight_shape, "any"),
+            "dst": MemoryDesc.tagged(lib, (s.n, s.k, s.oh, s.ow), "any"),
+            "bias": MemoryDesc.tagged(lib, (s.k,), "a")}
+
+
+def _geometry(s: ConvSpec) -> tuple:
+    return tuple(api.dims(v) for v in (s.strides, s.dilations, s.pad_l, s.pad_r))
+
+
+def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bool):
+    mds = _any_mds(lib, s, plain)
+    attr = api.Attr(lib, relu=relu)
+    pd = api.create_pd(
+        lib, "dnnl_convolution_forward_primitive_desc_create", lib.engine,
+        lib.enums.prop["forward_training"], lib.enums.alg["convolution_direct"],
+        mds["src"].handle, mds["weights"].handle, mds["bias"].handle if bias else None,
+        mds["dst"].handle, *_geometry(s), attr.handle, what="convolution forward")
+    return pd
+
+
+def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
+          plain: bool = False) -> Direction | None:
+    """The compiled direction ('forward', 'backward_data', 'backward_weights') for s on the
+    calling thread's OpenMP thread count; None when oneDNN has no kernel for it."""
+    lib = api.get()
+    user = _user_mds(lib, s)
+    hint = _forward_pd(lib, s, bias, relu and direction == "forward", plain)
+    if hint is None:
+        return None
+    if direction == "forward":
+        prim = Primitive(lib, hint, "convolution forward")
+        return Direction(lib, prim, {a: user[a] for a in ("src", "weights", "dst", "bias")})
+    mds = _any_mds(lib, s, plain)
+    attr = api.Attr(lib)
+    try:
+        if direction == "backward_data":
+            pd = api.create_pd(
+                lib, "dnnl_convolution_backward_data_primitive_desc_create", lib.engine,
+                lib.enums.alg["convolution_direct"], mds["src"].handle,
+                mds["weights"].handle, mds["dst"].handle, *_geometry(s), hint, attr.handle,
+                what="convolution backward data")
+            if pd is None:
+                return None
+            prim = Primitive(lib, pd, "convolution backward data")
+            return Direction(lib, prim, {"diff_src": user["src"], "weights": user["weights"],
+                                         "diff_dst": user["dst"]})
+        pd = api.create_pd(
+            lib, "dnnl_convolution_backward_weights_primitive_desc_create", lib.engine,
+            lib.enums.alg["convolution_direct"], mds["src"].handle, mds["weights"].handle,
+            mds["bias"].handle if bias else None, mds["dst"].handle, *_geometry(s), hint,
+            attr.handle, what="convolution backward weights")
+        if pd is None:
+            return None
+        prim = Primitive(lib, pd, "convolution backward weights")
+        return Direction(lib, prim, {"src": user["src"], "diff_weights": user["weights"],
+                                     "diff_dst": user["dst"], "diff_bias": user["bias"]})
+    finally:   # the backward descriptors keep their own copy of the hint
+        lib.lib.dnnl_primitive_desc_destroy(hint)
+
+
+# The memo: compiled plans are immutable and thread-safe to execute, so one per key serves
+# every workspace and thread of the process.
+_PLANS: dict[tuple, Direction | None] = {}
+_LOCK = threading.Lock()
+
+
+def plan(s: ConvSpec, direction: str, count: int, bias: bool = False, relu: bool = False,
+         plain: bool = False) -> Direction | None:
+    """The memoized `build` for `count` OpenMP threads (set on this thread by the call)."""
+    threads.use(count)
+    key = (s, direction, bias, relu, plain, count)
+    found = _PLANS.get(key, _PLANS)
+    if found is _PLANS:
+        with _LOCK:
+            if key not in _PLANS:
+                _PLANS[key] = build(s, direction, bias, relu, plain)
+            found = _PLANS[key]
+    return found
+
+
+def run(d: Direction, count: int, scratch: Callable, **arrays) -> None:
+    """Execute a plan on `count` OpenMP threads of this thread."""
+    threads.use(count)
+    for a in arrays.values():
+        if a is not None and (a.dtype != np.float32 or not a.flags.c_contiguous):
+            raise ValueError("oneDNN arrays must be C-contiguous float32")
+    d.run(arrays, scratch)

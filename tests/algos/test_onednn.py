@@ -1,0 +1,256 @@
+"""The oneDNN engine (netrun.kernels.onednn) and its conv algorithm "onednn": every direction
+against the float64 reference (groups, dilation, pads, strides, bias, fused ReLU), the
+library's discovery and messages, its enum values found by name, the NETRUN_ONEDNN switch."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import netrun
+from netrun.conv.algorithm import ConvProblem, algorithms, applicable_algorithms
+from netrun.conv.rules import fixed_algorithm, preference, rule_choice
+from netrun.errors import BackendError, ShapeError
+from netrun.kernels import jit, onednn, parallel
+from netrun.kernels.onednn import library, threads
+from tests.algos.reference import ref_conv
+from tests.algos.test_algorithms import DIRECTIONS, problems, run_all
+
+REPO = Path(__file__).resolve().parents[2]
+needs_onednn = pytest.mark.skipif(not onednn.available(),
+                                  reason="oneDNN is not installed (or NETRUN_ONEDNN=off)")
+ALGO = algorithms("cpu")["onednn"]
+
+
+def _close(a, r, what: str) -> None:
+    """float32 against the float64 reference: rounding of sums of up to a few hundred terms."""
+    scale = max(float(np.abs(r).max()), 1.0)
+    np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5 * scale, err_msg=what)
+
+
+@needs_onednn
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), relu=st.booleans())
+def test_every_direction_matches_the_reference(data, relu):
+    """Random groups, strides, pads (asymmetric), dilations; bias; ReLU fused or not."""
+    p, seed = data.draw(problems(dtype="float32", max_side=9))
+    got, refs = run_all(ALGO, p, seed)
+    for what, a, r in zip(DIRECTIONS, got, refs):
+        _close(a, r, f"{what} on {p.describe()}")
+    if relu:
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((p.n, p.c, p.h, p.w)).astype(np.float32)
+        w = rng.standard_normal((p.k, p.cg, p.kh, p.kw)).astype(np.float32)
+        y = np.full((p.n, p.k, p.oh, p.ow), np.nan, np.float32)
+        ALGO.forward(np, x, w, p, y, netrun.Workspace().scratch, relu=True)
+        y_ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), (p.sh, p.sw),
+                            (p.pt, p.pl, p.pb, p.pr), (p.dh, p.dw), p.group)
+        _close(y, np.maximum(y_ref, 0), f"forward with ReLU on {p.describe()}")
+        assert (y >= 0).all()
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [
+    ConvProblem(2, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 1, 1),          # blocked, 16-channel
+    ConvProblem(3, 32, 9, 9, 64, 1, 1, 2, 2),                        # 1×1 stride 2
+    ConvProblem(2, 3, 23, 23, 16, 7, 7, 2, 2, 3, 3, 3, 3),           # a stem
+    ConvProblem(2, 32, 10, 10, 32, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 4),  # grouped and dilated
+])
+def test_blocked_layouts_and_fused_bias_relu(shape):
+    """Shapes where oneDNN reorders into its blocked layouts: all directions, and `backward`
+    (both gradients at once) equals the two calls."""
+    got, refs = run_all(ALGO, shape, 3)
+    for what, a, r in zip(DIRECTIONS, got, refs):
+        _close(a, r, f"{what} on {shape.describe()}")
+    rng = np.random.default_rng(3)
+    p = shape
+    x, w, dy = (rng.standard_normal(s).astype(np.float32) for s in
+                ((p.n, p.c, p.h, p.w), (p.k, p.cg, p.kh, p.kw), (p.n, p.k, p.oh, p.ow)))
+    dx, dw, db = np.full(x.shape, np.nan, np.float32), np.full(w.shape, np.nan, np.float32), \
+        np.full(p.k, np.nan, np.float32)
+    ALGO.backward(np, x, dy, w, p, dx, dw, netrun.Workspace().scratch, dbias=db)
+    dx2, dw2, db2 = np.empty_like(dx), np.empty_like(dw), np.empty_like(db)
+    scratch = netrun.Workspace().scratch
+    ALGO.backward_data(np, dy, w, p, dx2, scratch)
+    ALGO.backward_filter(np, x, dy, p, dw2, scratch, dbias=db2)
+    for a, b in ((dx, dx2), (dw, dw2), (db, db2)):
+        assert np.array_equal(a, b)
+
+
+@needs_onednn
+def test_non_contiguous_outputs_and_inputs():
+    p = ConvProblem(2, 8, 7, 7, 8, 3, 3, 1, 1, 1, 1, 1, 1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((p.n, p.c, p.h, p.w * 2)).astype(np.float32)[..., ::2]
+    w = rng.standard_normal((p.k, p.cg, p.kh, p.kw)).astype(np.float32)
+    big = np.zeros((p.n, p.k * 2, p.oh, p.ow), np.float32)
+    ALGO.forward(np, x, w, p, big[:, ::2], netrun.Workspace().scratch)
+    y_ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), (1, 1), (1, 1, 1, 1),
+                        (1, 1), 1)
+    _close(big[:, ::2], y_ref, "strided output")
+    assert not big[:, 1::2].any()
+
+
+@needs_onednn
+@pytest.mark.parametrize("direction", ["forward", "backward_data", "backward_filter"])
+def test_same_bits_on_1_2_3_threads(direction, monkeypatch):
+    """Per direction, a problem big enough that oneDNN splits it across its threads and the
+    filter gradient's batch is cut into chunks."""
+    p = ConvProblem(8, 32, 14, 14, 48, 3, 3, 1, 1, 1, 1, 1, 1)
+    rng = np.random.default_rng(1)
+    x, w, dy, b = (rng.standard_normal(s).astype(np.float32) for s in
+                   ((p.n, p.c, p.h, p.w), (p.k, p.cg, p.kh, p.kw), (p.n, p.k, p.oh, p.ow), (p.k,)))
+    results = []
+    for count in (1, 2, 3):
+        monkeypatch.setattr(parallel, "thread_count", lambda c=count: c)
+        scratch = netrun.Workspace().scratch
+        if direction == "forward":
+            out = [np.empty(dy.shape, np.float32)]
+            ALGO.forward(np, x, w, p, out[0], scratch, bias=b, relu=True)
+        elif direction == "backward_data":
+            out = [np.empty(x.shape, np.float32)]
+            ALGO.backward_data(np, dy, w, p, out[0], scratch)
+        else:
+            out = [np.empty(w.shape, np.float32), np.empty(p.k, np.float32)]
+            ALGO.backward_filter(np, x, dy, p, out[0], scratch, dbias=out[1])
+        results.append(out)
+    for count, other in zip((2, 3), results[1:]):
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b), f"{direction}: 1 and {count} threads differ"
+
+
+# The library ----------------------------------------------------------------------------------
+@needs_onednn
+def test_enum_values_are_found_by_name():
+    from netrun.kernels.onednn import api
+
+    lib = api.get()
+    # oneDNN 3.x's numbers, found through the library's *2str functions rather than typed in
+    assert lib.enums.fmt["any"] == 1 and lib.enums.fmt["abcd"] == 5
+    assert lib.enums.prop["forward_training"] == 64 and lib.enums.alg["eltwise_relu"] == 0x20
+    assert lib.enums.dt["f32"] == 3 and lib.enums.scratchpad["user"] == 1
+
+
+@needs_onednn
+def test_an_unknown_enum_name_is_an_error(monkeypatch):
+    from netrun.kernels.onednn import api, enums
+
+    monkeypatch.setitem(enums.NAMES, "dnnl_dt2str", ("f32", "no_such_type"))
+    with pytest.raises(LookupError, match="no_such_type"):
+        enums.derive(api.get().lib)
+
+
+@needs_onednn
+def test_a_failed_call_names_the_status():
+    from netrun.kernels.onednn import api
+
+    lib = api.get()
+    bad = api.MemoryDesc.tagged(lib, (2, 3), "ab")
+    with pytest.raises(api.OneDNNError, match="invalid_arguments"):
+        lib.check(lib.lib.dnnl_memory_desc_create_with_tag(
+            None, 2, api.dims((2, 3)), lib.f32, lib.enums.fmt["ab"]), "memory_desc_create")
+    assert bad.size == 24
+
+
+def test_a_missing_library_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(library, "_LOADED", {})
+    monkeypatch.setattr(library, "candidates", lambda: ["/nonexistent/libdnnl.so.3",
+                                                        "libdnnl-not-here.so.3"])
+    monkeypatch.delenv(library.ENV, raising=False)
+    assert library.load() is None
+    assert "pip install onednn-cpu-gomp" in library.why_not()
+    with pytest.raises(BackendError, match=r"netrun\[onednn\]"):
+        library.require()
+
+
+def test_a_missing_libgomp_is_explained(monkeypatch):
+    import ctypes
+
+    def no_gomp(path, *a, **k):
+        raise OSError("libgomp.so.1: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setattr(library, "_LOADED", {})
+    monkeypatch.setattr(library, "candidates", lambda: ["libdnnl.so.3"])
+    monkeypatch.setattr(ctypes, "CDLL", no_gomp)
+    monkeypatch.delenv(library.ENV, raising=False)
+    assert library.load() is None
+    assert "GNU OpenMP" in library.why_not() and "libgomp1" in library.why_not()
+
+
+def test_openmp_waits_briefly_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    threads.configure_environment()
+    assert os.environ["GOMP_SPINCOUNT"] == threads.SPINCOUNT
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    threads.configure_environment()
+    assert "GOMP_SPINCOUNT" not in os.environ
+
+
+# The switch -----------------------------------------------------------------------------------
+def test_switched_off_it_is_never_used(monkeypatch):
+    monkeypatch.setenv(library.ENV, "off")
+    p = ConvProblem(2, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1)
+    assert not onednn.available() and not ALGO.applicable(p)
+    assert "NETRUN_ONEDNN" in onednn.why_not()
+    with pytest.raises(ShapeError, match="switched off"):
+        fixed_algorithm(p, "onednn", "cpu")
+
+
+def _fresh_conv_net(switch: str) -> tuple[str, str]:
+    """(whether libdnnl is mapped, the algorithm the conv op chose) in a new process."""
+    code = (
+        "import numpy as np, netrun\n"
+        "from netrun.core.net import SimpleNet\n"
+        "ws = netrun.Workspace()\n"
+        "rng = np.random.default_rng(0)\n"
+        "ws.feed_blob('X', rng.standard_normal((4, 16, 12, 12)).astype(np.float32))\n"
+        "ws.feed_blob('W', rng.standard_normal((16, 16, 3, 3)).astype(np.float32))\n"
+        "conv = netrun.op('Conv', ['X', 'W'], ['Y'], kernel=3, pad=1)\n"
+        "net = SimpleNet(netrun.NetDef('n', [conv]), ws)\n"
+        "net.run()\n"
+        "print('libdnnl' in open('/proc/self/maps').read(), net.ops[0].ctx.state['algo'])\n")
+    env = {**os.environ, library.ENV: switch,
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    loaded, algo = done.stdout.split()[:2]
+    return loaded, algo
+
+
+def test_a_net_with_the_switch_off_never_loads_it():
+    """NETRUN_ONEDNN=off: a conv net runs on NumPy algorithms and libdnnl is never loaded; with
+    the switch on (and oneDNN installed) the same net runs on it."""
+    loaded, algo = _fresh_conv_net("off")
+    assert loaded == "False" and "onednn" not in algo
+    if onednn.available():
+        loaded, algo = _fresh_conv_net("on")
+        assert loaded == "True" and "onednn" in algo
+
+
+@needs_onednn
+def test_the_rules_prefer_it_where_it_measured_faster():
+    """3×3 layers of ResNet-20's widths: every direction; 1×1: never; a first layer's data
+    gradient and a wide layer's filter gradient: the NumPy algorithms."""
+    def pick(p, direction):
+        return rule_choice(p, applicable_algorithms(p), direction, "cpu", np).name
+
+    r20 = ConvProblem(32, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1)
+    assert [pick(r20, d) for d in DIRECTIONS[:3]] == ["onednn"] * 3
+    one = replace(r20, kh=1, kw=1, pt=0, pl=0, pb=0, pr=0)
+    assert "onednn" not in preference(one) and pick(one, "forward") == "gemm_1x1"
+    stem = ConvProblem(8, 3, 64, 64, 64, 7, 7, 2, 2, 3, 3, 3, 3)
+    assert pick(stem, "forward") == "onednn" and pick(stem, "backward_data") != "onednn"
+    wide = ConvProblem(8, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1)
+    assert pick(wide, "forward") == "onednn" and pick(wide, "backward_filter") != "onednn"
+    with_winograd = ConvProblem(128, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1, 1)
+    assert pick(with_winograd, "forward") == "winograd_jit" or not jit.available()
