@@ -34,6 +34,7 @@ class ConvAlgorithm:
     deterministic = True   # same bits on every run (no atomics / reordering by timing)
     optional_engine = False   # an outside library that may fail to run: a search skips it
     summary = ""           # one line for `netrun algos` and profiles
+    fuses_relu = False     # forward takes relu=True and applies it itself (a post-op)
 
     def applicable(self, p: ConvProblem) -> bool:
         """Whether this algorithm handles the problem."""
