@@ -270,8 +270,8 @@ def _shape_of_sum(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
 register_schema("AddRelu", inputs=2, outputs=1, input_names=("A", "B"), output_names=("Y",),
                 inplace=((0, 0), (1, 0)), shape_fn=_shape_of_sum, cost_fn=elementwise_cost(2),
                 family="elementwise",
-                doc="Y = max(A + B, 0) with NumPy broadcasting: Add then Relu in one op, for "
-                    "inference (a residual block's sum; no gradient).")
+                doc="Y = max(A + B, 0) with NumPy broadcasting: Add then Relu in one op (a "
+                    "residual block's sum; the bind-time rewrites make it for inference).")
 
 
 def _add_relu_blocks(xp, a, b, y) -> None:
@@ -301,3 +301,14 @@ def add_relu(ctx, A, B):
         _add_relu_blocks(xp, a[n0:n1].reshape(-1), b[n0:n1].reshape(-1), y[n0:n1].reshape(-1))
 
     parallel.chunks(xp, n, chunk, work=3 * Y.size)
+
+
+@register_gradient("AddRelu")
+def _add_relu_grad(g: GradientContext) -> list[OperatorDef]:
+    """ReluGradient on the output, then Add's gradient (which reads A and B for their shapes
+    only: an input overwritten in place is stood in for by the masked dY)."""
+    d, dy = g.def_, g.GO(0)
+    masked = f"{dy}_relu"
+    refs = [masked if d.inputs[i] == d.outputs[0] else g.I(i) for i in (0, 1)]
+    return [g.op("ReluGradient", [g.O(0), dy], [masked]),
+            g.op("AddGradient", [masked, *refs], [g.GI(0), g.GI(1)])]

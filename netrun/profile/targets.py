@@ -12,7 +12,6 @@ a training profile of a checkpoint runs it as stored.
 """
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from netrun.core.workspace import Workspace
 from netrun.errors import CheckpointError, NetrunError, ShapeError
 from netrun.model import load_model
 from netrun.proto.defs import NetDef
-from netrun.rewrite import Rewritten, bind_rewrite, rewrite
+from netrun.rewrite import Rewritten, bind_rewrite, rewrite, with_train_net
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import SolverConfig, load_config
 from netrun.util import safe_yaml
@@ -125,7 +124,7 @@ def _from_model(model, solver, batch, device, forward_only, overrides, seed, des
         init = model.init_net
     else:
         done = rewrite(model.train_net, "training", enabled=fuse)
-        nets = build_training(dataclasses.replace(model, train_net=done.net), solver)
+        nets = build_training(with_train_net(model, done.net), solver)
         ws.run_net_once(nets.init)
         net = NetDef("profile_train", nets.step.ops + nets.update.ops)
         phases = (["forward"] * nets.n_forward + ["backward"] * (len(nets.step.ops) - nets.n_forward)

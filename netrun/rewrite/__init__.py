@@ -7,6 +7,7 @@ ReLUs; training rules fuse forward ops whose gradients the registry knows, befor
 backward pass is built. Every rule is a small named unit (rule.py) and reports when it fired.
 """
 from netrun.rewrite.apply import (MODES, RULES, Fired, Rewritten, bind_rewrite, rewrite,
-                                  rules)
+                                  rules, with_train_net)
 
-__all__ = ["MODES", "RULES", "Fired", "Rewritten", "bind_rewrite", "rewrite", "rules"]
+__all__ = ["MODES", "RULES", "Fired", "Rewritten", "bind_rewrite", "rewrite", "rules",
+           "with_train_net"]

@@ -1,6 +1,7 @@
 """Applying the rules: a net in, the rewritten net, the rules that fired and the folds out."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -107,3 +108,11 @@ def bind_rewrite(net: NetDef, ws, mode: str, keep: Iterable[str] = (),
     result = rewrite(net, mode, keep, shape_of, enabled)
     result.materialize(ws)
     return result
+
+
+def with_train_net(model, net: NetDef):
+    """A shallow copy of a model (netrun.model.Model or a subclass) with another train net:
+    what the solver builds a rewritten training run from."""
+    out = copy.copy(model)
+    out.train_net = net
+    return out
