@@ -53,11 +53,13 @@ class Graph:
         """Whether no op of the net writes `name` (a parameter the caller provides)."""
         return name not in self.written
 
-    def clean_between(self, i: int, j: int, names: Iterable[str]) -> bool:
-        """Whether no op strictly between i and j reads or writes any of `names`: an op moved
-        from i to j then reads and writes the same values."""
-        names = set(names)
-        return not any(names & (set(o.inputs) | set(o.outputs)) for o in self.ops[i + 1:j])
+    def clean_between(self, i: int, j: int, names: Iterable[str],
+                      fused: Iterable[int] = ()) -> bool:
+        """Whether no op strictly between i and j (other than the `fused` ones) reads or
+        writes any of `names`: an op moved from i to j then reads and writes the same values."""
+        names, fused = set(names), set(fused)
+        return not any(names & (set(o.inputs) | set(o.outputs))
+                       for k, o in enumerate(self.ops[i + 1:j], start=i + 1) if k not in fused)
 
     def names(self) -> set[str]:
         """Every blob name the ops mention."""

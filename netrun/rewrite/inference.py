@@ -93,7 +93,7 @@ def _fold_caffe_bn(g: Graph, ctx: Context) -> Match | None:
             if add is not None:
                 chain.append(add)
         last = chain[-1][0]
-        if not g.clean_between(i, last, conv.inputs + bn.inputs[1:]):
+        if not g.clean_between(i, last, conv.inputs + bn.inputs[1:], [k for k, _ in chain]):
             continue
         out = chain[-1][1].outputs[0]
         fold = Fold(ctx.fresh(f"{out}_fused_w"), ctx.fresh(f"{out}_fused_b"), conv.inputs[1],
