@@ -12,6 +12,7 @@ from netrun.caffe import data_config
 from netrun.core.workspace import Workspace
 from netrun.errors import NetrunError
 from netrun.model import load_model
+from netrun.rewrite import bind_rewrite
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import expand
 from netrun.train.data import data_keys, make_source, make_transform, parse_spec
@@ -31,10 +32,15 @@ class Inputs:
 
 
 class Predictor:
-    """A predict net bound to a workspace with its parameters loaded."""
+    """A predict net bound to a workspace with its parameters loaded.
+
+    `net` is the net as stored; what is bound is its rewrite (`rewritten.net`, inference
+    fusions with folded parameters computed now) unless fuse=False. The blob it predicts
+    from is kept out of every fusion.
+    """
 
     def __init__(self, net, ws: Workspace, inputs: dict, labels: list[str], outputs: list[str],
-                 config: dict | None = None):
+                 config: dict | None = None, fuse: bool = True):
         self.net = net
         self.net.name = "predict"
         self.ws = ws
@@ -48,10 +54,12 @@ class Predictor:
         self.example_shape = tuple(spec[0]) if spec else None
         self.output_name = (outputs or [net.ops[-1].outputs[0]])[0]
         self.outputs_probabilities = bool(net.ops) and net.ops[-1].type == "Softmax"
-        ws.create_net(self.net)
+        self.rewritten = bind_rewrite(net, ws, "inference", keep=[self.output_name], enabled=fuse)
+        ws.create_net(self.rewritten.net)
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: str | os.PathLike, device: str = "cpu") -> "Predictor":
+    def from_checkpoint(cls, checkpoint: str | os.PathLike, device: str = "cpu",
+                        fuse: bool = True) -> "Predictor":
         """The predict net and parameters a netrun checkpoint holds."""
         info = ckpt.read_info(checkpoint)      # checks meta types; info.net checks the net
         model = info.meta.get("model", {})
@@ -59,11 +67,11 @@ class Predictor:
         ws = Workspace(device)
         ckpt.load_blobs(ws, checkpoint, info.params, "params")
         return cls(info.net("predict"), ws, model.get("inputs", {}), model.get("labels", []),
-                   model.get("outputs", []), config if isinstance(config, dict) else None)
+                   model.get("outputs", []), config if isinstance(config, dict) else None, fuse)
 
     @classmethod
     def from_model(cls, path: str | os.PathLike, weights: str | os.PathLike,
-                   device: str = "cpu") -> "Predictor":
+                   device: str = "cpu", fuse: bool = True) -> "Predictor":
         """A model file (.prototxt, .yaml, .pbtxt) with weights from a caffemodel or checkpoint."""
         model = load_model(path)
         ws = Workspace(device, seed=0)
@@ -77,7 +85,7 @@ class Predictor:
             except Exception:
                 config = None
         return cls(model.predict_net.copy(), ws, inputs, list(model.labels), list(model.outputs),
-                   config)
+                   config, fuse)
 
     def transform(self):
         """The test-time transform of the training config (scale, mean, crop)."""

@@ -29,8 +29,10 @@ SHOWN = 20
               help="With a MODEL file (.prototxt, .yaml): its weights, a .caffemodel(.h5) or a "
                    "netrun checkpoint.")
 @click.option("--json", "as_json", is_flag=True, help="Print predictions as JSON on stdout.")
+@click.option("--no-fuse", is_flag=True,
+              help="Run the predict net as written, without the bind-time fusions.")
 def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, scale, weights,
-          as_json):
+          as_json, no_fuse):
     """Predict on INPUT (a .npy/.npz/.h5 file or SOURCE:PART such as mnist-10k:test) with a
     netrun CHECKPOINT, or with a MODEL file and --weights (e.g. a Caffe deploy.prototxt and
     its .caffemodel)."""
@@ -41,9 +43,10 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
     if checkpoint.endswith((".prototxt", ".yaml", ".yml", ".pbtxt")):
         if not weights:
             raise NetrunError(f"{checkpoint} is a model file: give its weights with --weights")
-        predictor = Predictor.from_model(checkpoint, weights, device)
+        predictor = Predictor.from_model(checkpoint, weights, device, fuse=not no_fuse)
     else:
-        predictor = Predictor.from_checkpoint(checkpoint, device)
+        predictor = Predictor.from_checkpoint(checkpoint, device, fuse=not no_fuse)
+    console.detail(f"bind-time rewrites: {predictor.rewritten.summary()}")
     inputs = load_inputs(input, predictor, data_dir, transform=not raw)
     if scale is not None:
         inputs.data *= scale

@@ -45,8 +45,13 @@ def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 @click.option("--nets", "show_nets", is_flag=True,
               help="Print the init, train and predict nets as NetDef text.")
 @click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
+@click.option("--rewritten", is_flag=True,
+              help="Show the nets as netrun binds them: after the bind-time rewrites (BN "
+                   "folded into convs, fused ReLUs), with the rules that fired.")
+@click.option("--no-fuse", is_flag=True,
+              help="With --rewritten: rewriting off, as `--no-fuse` runs the nets.")
 def inspect(model_path: str, batch: int, inputs: dict, which: str, show_nets: bool,
-            as_json: bool) -> None:
+            as_json: bool, rewritten: bool, no_fuse: bool) -> None:
     """Per-op shapes, parameters and FLOPs of one of MODEL's nets."""
     from netrun.model import load_model  # lazy: loaded when the command runs
 
@@ -54,24 +59,47 @@ def inspect(model_path: str, batch: int, inputs: dict, which: str, show_nets: bo
     console.detail(f"loaded model '{model.name}' from {model_path}: {len(model.params)} "
                    f"params, nets init/train/predict of {len(model.init_net.ops)}/"
                    f"{len(model.train_net.ops)}/{len(model.predict_net.ops)} ops")
+    fuse = None if not rewritten else not no_fuse      # None: the nets as written
     if show_nets and not as_json:
-        console.text(_nets_text(model))
+        console.text(_nets_text(model, batch, inputs, fuse))
         return
-    data = report(model, which, batch, inputs)
+    data = report(model, which, batch, inputs, fuse)
     if show_nets:
-        data["nets"] = {w: _net_text(model, w) for w in ("init", "train", "predict")}
+        data["nets"] = {w: _net_text(model, w, batch, inputs, fuse)
+                        for w in ("init", "train", "predict")}
     if as_json:
         console.json(data)
     else:
         _print_report(data)
 
 
-def report(model, which: str, batch: int, overrides: dict) -> dict[str, Any]:
-    """Everything `inspect` shows, as plain data (the --json output)."""
-    from netrun.core.shape_inference import count_params  # lazy: loaded when the command runs
+def rewritten_net(model, which: str, batch: int, overrides: dict, fuse: bool):
+    """(net, Rewritten or None, input specs) of one net as netrun binds it: the train net
+    with the training rules, the test and predict nets with the inference rules."""
+    from netrun.rewrite import rewrite  # lazy: loaded when the command runs
 
-    shapes = model.infer_shapes(which, batch, overrides)
-    net = model.net(which)
+    net, specs = model.net(which), model.input_specs(batch, overrides)
+    if which == "init":
+        return net, None, specs
+    mode = "training" if which == "train" else "inference"
+    keep = [b for b in (model.loss, *model.metrics, *model.outputs) if b]
+    done = rewrite(net, mode, keep, lambda n: specs[n].shape if n in specs else None, fuse)
+    return done.net, done, {**specs, **done.derived_specs(specs.__getitem__)}
+
+
+def report(model, which: str, batch: int, overrides: dict,
+           fuse: bool | None = None) -> dict[str, Any]:
+    """Everything `inspect` shows, as plain data (the --json output). fuse: None for the net
+    as written, else the net after the bind-time rewrites (with rewriting on or off)."""
+    from netrun.core.shape_inference import count_params, infer_shapes  # lazy
+
+    done = None
+    if fuse is None:
+        shapes = model.infer_shapes(which, batch, overrides)
+        net = model.net(which)
+    else:
+        net, done, specs = rewritten_net(model, which, batch, overrides, fuse)
+        shapes = infer_shapes(net, specs)
     params = {p.name: p for p in model.params}
 
     def blob(name: str, spec) -> dict[str, Any]:
@@ -101,6 +129,9 @@ def report(model, which: str, batch: int, overrides: dict) -> dict[str, Any]:
         "total_param_bytes": sum(shapes[n].nbytes for n in known),
         "total_flops": shapes.flops,
         "ops": ops,
+        **({} if fuse is None else {"rewrites": [] if done is None else [
+            {"rule": f.rule, "replaced": list(f.replaced), "made": f.made}
+            for f in done.fired]}),
     }
 
 
@@ -122,6 +153,11 @@ def _print_report(d: dict[str, Any]) -> None:
     console.line(f"parameters: {d['total_params']:,} ({_si(d['total_param_bytes'], 'B')})")
     console.line(f"FLOPs:      {d['total_flops']:,} ({_si(d['total_flops'])})"
                  + (f" per batch of {d['batch']}" if batch else ""))
+    if "rewrites" in d:
+        console.line()
+        console.line(f"bind-time rewrites: {len(d['rewrites']) or 'none'}", style="bold")
+        for f in d["rewrites"]:
+            console.line(f"  {f['rule']}: {' + '.join(f['replaced'])} -> {f['made']}")
 
 
 def _blob_text(b: dict[str, Any]) -> str:
@@ -138,11 +174,18 @@ def _si(n: float, unit: str = "") -> str:
     return f"{n:.3g} {prefix}{unit}".strip()
 
 
-def _net_text(model, which: str) -> str:
+def _net_text(model, which: str, batch: int = 1, overrides: dict | None = None,
+              fuse: bool | None = None) -> str:
     from netrun.proto.pbtxt import netdef_to_text  # lazy: loaded when the command runs
 
-    return netdef_to_text(model.net(which))
+    if fuse is None:
+        return netdef_to_text(model.net(which))
+    return netdef_to_text(rewritten_net(model, which, batch, overrides or {}, fuse)[0])
 
 
-def _nets_text(model) -> str:
-    return "\n".join(f"# {w} net\n{_net_text(model, w)}" for w in ("init", "train", "predict"))
+def _nets_text(model, batch: int = 1, overrides: dict | None = None,
+               fuse: bool | None = None) -> str:
+    label = "" if fuse is None else " (rewritten)" if fuse else " (rewriting off)"
+    return "\n".join(f"# {w} net{label if w != 'init' else ''}\n"
+                     f"{_net_text(model, w, batch, overrides, fuse)}"
+                     for w in ("init", "train", "predict"))

@@ -24,9 +24,11 @@ from netrun.cli.inspect_cmd import parse_inputs
 @click.option("--top", type=click.IntRange(0), default=0, help="Show only the N slowest ops.")
 @click.option("--compare-algos", is_flag=True,
               help="Also time every applicable algorithm of each convolution.")
+@click.option("--no-fuse", is_flag=True, help="Time the nets as written, without the "
+              "bind-time fusions (BN folded into convs, fused ReLUs).")
 @algo_options
 def profile(target, batch, iters, warmup, device, forward_only, inputs, json_file, trace, top,
-            compare_algos, algo_search, workspace_limit):
+            compare_algos, no_fuse, algo_search, workspace_limit):
     """Time every operator of a model, train config or checkpoint (Caffe's `caffe time`)."""
     import warnings  # lazy: loaded when the command runs
 
@@ -35,17 +37,21 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prepared = prepare(target, batch, device, forward_only, inputs)
+        prepared = prepare(target, batch, device, forward_only, inputs, fuse=not no_fuse)
     for w in caught:
         console.warn(str(w.message))
     configure_algos(prepared.net.ws, algo_search, workspace_limit)
     console.info(f"profiling {prepared.description}, batch {prepared.batch}, "
                  f"{iters} iterations after {warmup} warm-up")
+    console.info(f"bind-time rewrites: {'off (--no-fuse)' if no_fuse else prepared.rewrites}")
     result = profile_net(prepared.net, iters, warmup, prepared.phases, prepared.costs,
                          before_iteration=prepared.feed)
     comparisons = _compare(prepared.net) if compare_algos else {}
     if json_file:
-        data = {"target": target, "batch": prepared.batch, "iters": iters, **result.to_json()}
+        data = {"target": target, "batch": prepared.batch, "iters": iters,
+                "rewrites": [{"rule": f.rule, "replaced": list(f.replaced), "made": f.made}
+                             for r in prepared.rewritten for f in r.fired],
+                **result.to_json()}
         if compare_algos:
             data["algorithms"] = {name: [{"algo": a, "ms": ms} for a, ms in rows]
                                   for name, rows in comparisons.items()}

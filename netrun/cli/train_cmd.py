@@ -41,10 +41,12 @@ from netrun.cli.signals import StopRequest, signal_name
 @click.option("--weights-partial", is_flag=True,
               help="Let --weights leave some layers at their initial values and skip file "
                    "layers the model lacks (fine-tuning with renamed layers).")
+@click.option("--no-fuse", is_flag=True, help="Run the nets as written, without the bind-time "
+              "fusions (as `fuse: false` in the config).")
 @algo_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def train(config, device, output, resume, force, allow_changes, overrides, max_iter, data_dir,
-          data_spec, weights, weights_partial, algo_search, workspace_limit, as_json):
+          data_spec, weights, weights_partial, no_fuse, algo_search, workspace_limit, as_json):
     """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
     from netrun.train import run_folder  # lazy
     from netrun.train.config import load_config, with_overrides  # lazy
@@ -70,6 +72,8 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
     weights = weights or cfg.raw.get("weights")
     if max_iter is not None:
         cfg.solver.max_iter = max_iter
+    if no_fuse:
+        cfg.fuse = False
     folder = Path(output or cfg.output)
     if force and resume:
         abort("--force starts a new run and --resume continues one: give only one of them")
@@ -89,6 +93,8 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
     configure_algos(trainer.ws, mode, workspace_limit)
     console.info(f"training {trainer.model.name} on {trainer.source.describe()} "
                  f"({trainer.ws.device}), {cfg.solver.max_iter} iterations -> {trainer.output}")
+    for which, done in trainer.rewrites.items():
+        console.detail(f"bind-time rewrites of the {which} net: {done.summary()}")
     changes = trainer.start(resume, allow_changes=allow_changes)
     for change in changes:
         console.warn(f"resuming with a changed setting (--allow-changes): {change}")

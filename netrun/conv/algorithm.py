@@ -35,6 +35,7 @@ class ConvAlgorithm:
     optional_engine = False   # an outside library that may fail to run: a search skips it
     fuses_relu = False     # forward(..., relu=True) applies ReLU to its output
     summary = ""           # one line for `netrun algos` and profiles
+    fuses_relu = False     # forward takes relu=True and applies it itself (a post-op)
 
     def applicable(self, p: ConvProblem) -> bool:
         """Whether this algorithm handles the problem."""

@@ -9,6 +9,10 @@ Algorithms are NCHW-only: for order=NHWC the op transposes its inputs into scrat
 and its outputs back (filters: Caffe2's NHWC layout M × kh × kw × C/G, i.e. the same
 (0, 3, 1, 2) transpose).
 
+Conv's `relu` argument (set by the bind-time rewrites in netrun.rewrite) applies ReLU to
+the output: inside the algorithm's forward when it `fuses_relu` (a post-op), else in place
+right after it. Its gradient is ReluGradient on the output, then ConvGradient.
+
 Gradient ops take (X, W, dY) and write dW, then db unless `no_bias`, then dX: dX is left
 out when nobody wants it (the first conv of a net), so its presence is the output count.
 """
@@ -176,11 +180,15 @@ def _make_gradient_cost_fn(transposed: bool):
     return cost_fn
 
 
+_RELU = Arg("relu", "int", 0, allowed=(0, 1),
+            doc="1: Y = max(conv(X, W) + b, 0), fused into the algorithm where it can")
+
+
 def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
     args = _COMMON + (_ADJ if transposed else ())
     register_schema(
         type, inputs=(2, 3), outputs=1, input_names=("X", "W", "b"), output_names=("Y",),
-        args=args, shape_fn=_make_shape_fn(transposed), cost_fn=_make_cost_fn(transposed),
+        args=args + (() if transposed else (_RELU,)), shape_fn=_make_shape_fn(transposed), cost_fn=_make_cost_fn(transposed),
         check_fn=lambda op, a: _check(op, a, transposed, False), family="conv", doc=doc)
     register_schema(
         f"{type}Gradient", inputs=3, outputs=(1, 3), input_names=("X", "W", "dY"),
@@ -232,13 +240,19 @@ def _to_nchw(ctx, key: str, a, nhwc: bool):
     return buf
 
 
-def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, **extra) -> None:
+def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu: bool = False,
+         **extra) -> None:
     """One direction of the chosen algorithm straight into `out`, or via scratch and a
-    transpose for NHWC."""
+    transpose for NHWC; relu: max(out, 0), as the algorithm's post-op when it has one."""
     buf = out if not nhwc else ctx.scratch(f"conv.nchw_out_{direction}", _nchw(out.shape, True),
                                            out.dtype)
     algo = _algo(ctx, plan, direction, args, buf)
+    fused = relu and algo.fuses_relu
+    if fused:
+        extra["relu"] = True
     getattr(algo, direction)(ctx.xp, *args, plan.problem, buf, ctx.scratch, **extra)
+    if relu and not fused:
+        ctx.xp.maximum(buf, 0, out=buf)
     if nhwc:
         out[...] = buf.transpose(0, 2, 3, 1)
 
@@ -249,7 +263,7 @@ def _forward(ctx, X, W, b) -> None:
     Y = ctx.output(0, plan.out_shape, X.dtype)
     x, w = _to_nchw(ctx, "x", X, nhwc), _to_nchw(ctx, "w", W, nhwc)
     if ctx.def_.type == "Conv":   # the algorithm adds the bias (fused into its GEMM if it can)
-        _run(ctx, plan, Y, nhwc, "forward", (x, w), bias=b)
+        _run(ctx, plan, Y, nhwc, "forward", (x, w), relu=bool(ctx.args.relu), bias=b)
         return
     # ConvTranspose is the data gradient of the equivalent conv
     _run(ctx, plan, Y, nhwc, "backward_data", (x, w))
@@ -289,11 +303,18 @@ def _backward(ctx, X, W, dY) -> None:
 
 
 def _maker(g) -> list:
-    """Gradient op with outputs dW, [db], [dX]; dX only when someone needs it."""
+    """Gradient op with outputs dW, [db], [dX]; dX only when someone needs it. A fused ReLU
+    (relu=1) first masks dY with the output."""
     has_bias = len(g.def_.inputs) == 3
     outs = [g.GI(1)] + ([g.GI(2)] if has_bias else []) + ([g.GI(0)] if g.needs(0) else [])
-    args = {**g.copy_args(), "no_bias": int(not has_bias)}
-    return [g.op(f"{g.def_.type}Gradient", [g.I(0), g.I(1), g.GO(0)], outs, **args)]
+    args = {k: v for k, v in g.copy_args().items() if k != "relu"}
+    args["no_bias"] = int(not has_bias)
+    ops, dy = [], g.GO(0)
+    if g.args.get("relu", 0):
+        masked = f"{dy}_relu"
+        ops.append(g.op("ReluGradient", [g.O(0), dy], [masked]))
+        dy = masked
+    return ops + [g.op(f"{g.def_.type}Gradient", [g.I(0), g.I(1), dy], outs, **args)]
 
 
 # The compiled kernels an algorithm may call load when a conv op is bound, not inside its first

@@ -1,4 +1,5 @@
-"""Binary elementwise arithmetic with broadcasting: Add, Sub, Mul, Div; n-ary Sum.
+"""Binary elementwise arithmetic with broadcasting: Add, Sub, Mul, Div; n-ary Sum; AddRelu
+(the residual sum and its ReLU as one op, made by the bind-time rewrites for inference).
 
 Two broadcasting rules, as in Caffe2: NumPy's (the default, `broadcast`=0) and the legacy
 `broadcast`=1 form, where B's shape matches a contiguous run of A's dims starting at `axis`
@@ -14,6 +15,7 @@ from netrun.core.gradient import GradientContext, register_gradient
 from netrun.core.registry import register_kernel
 from netrun.core.schema import MANY, Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
+from netrun.kernels import parallel
 from netrun.ops.common import elementwise_cost, fmt, require_same_shape
 from netrun.proto.defs import OperatorDef
 
@@ -252,3 +254,61 @@ def _sum_grad(g: GradientContext) -> list[OperatorDef]:
         elif gi != dY:    # in place over input 0, dX is dY already
             ops.append(g.op("Copy", [dY], [gi]))
     return ops
+
+
+# AddRelu --------------------------------------------------------------------------------
+# Elements per block: the sum and the ReLU run on one block while it is in the L2 cache,
+# instead of two passes over the whole tensor.
+_BLOCK = 1 << 15
+
+
+def _shape_of_sum(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    out = broadcast_shapes("AddRelu", ins[0].shape, ins[1].shape)
+    return [TensorSpec(out, np.result_type(ins[0].dtype, ins[1].dtype).name)]
+
+
+register_schema("AddRelu", inputs=2, outputs=1, input_names=("A", "B"), output_names=("Y",),
+                inplace=((0, 0), (1, 0)), shape_fn=_shape_of_sum, cost_fn=elementwise_cost(2),
+                family="elementwise",
+                doc="Y = max(A + B, 0) with NumPy broadcasting: Add then Relu in one op (a "
+                    "residual block's sum; the bind-time rewrites make it for inference).")
+
+
+def _add_relu_blocks(xp, a, b, y) -> None:
+    """y = max(a + b, 0) over flat views, block by block."""
+    for start in range(0, y.size, _BLOCK):
+        part = slice(start, start + _BLOCK)
+        xp.add(a[part], b[part], out=y[part])
+        xp.maximum(y[part], 0, out=y[part])
+
+
+@register_kernel("AddRelu")
+def add_relu(ctx, A, B):
+    xp = ctx.xp
+    shape = broadcast_shapes("AddRelu", A.shape, B.shape)
+    Y = ctx.output(0, shape, np.result_type(A.dtype, B.dtype))
+    same = A.shape == B.shape == Y.shape and A.ndim > 0
+    if xp is not np or not same or not all(a.flags.c_contiguous for a in (A, B, Y)):
+        xp.add(A, B, out=Y)
+        xp.maximum(Y, 0, out=Y)
+        return
+    # Images are independent: the batch's fixed chunks on the worker threads (no sums, so
+    # the bits never depend on the partition).
+    n = Y.shape[0]
+    a, b, y = (t.reshape(n, -1) for t in (A, B, Y))
+
+    def chunk(_i: int, n0: int, n1: int) -> None:
+        _add_relu_blocks(xp, a[n0:n1].reshape(-1), b[n0:n1].reshape(-1), y[n0:n1].reshape(-1))
+
+    parallel.chunks(xp, n, chunk, work=3 * Y.size)
+
+
+@register_gradient("AddRelu")
+def _add_relu_grad(g: GradientContext) -> list[OperatorDef]:
+    """ReluGradient on the output, then Add's gradient (which reads A and B for their shapes
+    only: an input overwritten in place is stood in for by the masked dY)."""
+    d, dy = g.def_, g.GO(0)
+    masked = f"{dy}_relu"
+    refs = [masked if d.inputs[i] == d.outputs[0] else g.I(i) for i in (0, 1)]
+    return [g.op("ReluGradient", [g.O(0), dy], [masked]),
+            g.op("AddGradient", [masked, *refs], [g.GI(0), g.GI(1)])]

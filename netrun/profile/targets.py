@@ -5,11 +5,15 @@ update) and feeds random inputs of the right shapes; a forward-only profile bind
 predict net. Costs come from shape inference; where that fails the times still stand.
 A checkpoint's nets run only after checkpoint.CheckpointInfo.net has checked them (compute
 ops only: nothing in a checkpoint may read or write files).
+Nets are rewritten as the commands that run them would (netrun.rewrite) unless fuse=False:
+the predict net with the inference rules, a model's train net with the training rules before
+its backward pass is built. A checkpoint's stored step net already has its backward pass, so
+a training profile of a checkpoint runs it as stored.
 """
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +26,7 @@ from netrun.core.workspace import Workspace
 from netrun.errors import CheckpointError, NetrunError, ShapeError
 from netrun.model import load_model
 from netrun.proto.defs import NetDef
+from netrun.rewrite import Rewritten, bind_rewrite, rewrite, with_train_net
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import SolverConfig, load_config
 from netrun.util import safe_yaml
@@ -42,6 +47,13 @@ class ProfileTarget:
     feed: Callable[[], None]
     description: str
     batch: int
+    rewritten: list[Rewritten] = field(default_factory=list)   # what the rewrites did
+
+    @property
+    def rewrites(self) -> str:
+        """The rules that fired, e.g. 'fold_spatial_bn ×21, conv_relu ×10'."""
+        merged = Rewritten(NetDef(), [f for r in self.rewritten for f in r.fired])
+        return merged.summary()
 
 
 def kind_of(path: str) -> str:
@@ -60,11 +72,12 @@ def kind_of(path: str) -> str:
 
 
 def prepare(path: str, batch: int | None, device: str, forward_only: bool,
-            input_overrides: dict[str, TensorSpec] | None = None, seed: int = 0) -> ProfileTarget:
-    """Load whatever `path` is and bind the net to time."""
+            input_overrides: dict[str, TensorSpec] | None = None, seed: int = 0,
+            fuse: bool = True) -> ProfileTarget:
+    """Load whatever `path` is and bind the net to time (rewritten unless fuse=False)."""
     kind = kind_of(path)
     if kind == "checkpoint":
-        return _from_checkpoint(path, batch, device, forward_only, seed)
+        return _from_checkpoint(path, batch, device, forward_only, seed, fuse)
     if kind == "config":
         cfg = load_config(path)
         model, solver = load_model(cfg.model), cfg.solver
@@ -78,10 +91,11 @@ def prepare(path: str, batch: int | None, device: str, forward_only: bool,
         warnings.warn(f"{path} has no loss: timing the forward pass only")
         forward_only = True
     return _from_model(model, solver, batch, device or "cpu", forward_only,
-                       input_overrides or {}, seed, f"{model.name} ({kind} {path})")
+                       input_overrides or {}, seed, f"{model.name} ({kind} {path})", fuse)
 
 
-def _from_model(model, solver, batch, device, forward_only, overrides, seed, description):
+def _from_model(model, solver, batch, device, forward_only, overrides, seed, description,
+                fuse=True):
     ws = Workspace(device, seed=seed)
     specs = model.input_specs(batch, overrides)
     rng = np.random.default_rng(seed)
@@ -104,21 +118,30 @@ def _from_model(model, solver, batch, device, forward_only, overrides, seed, des
         ws.run_net_once(model.init_net)
         net = NetDef("profile_predict", list(model.predict_net.ops),
                      list(model.predict_net.external_inputs), list(model.predict_net.external_outputs))
+        done = bind_rewrite(net, ws, "inference", enabled=fuse)
+        net = done.net
         phases = ["forward"] * len(net.ops)
         init = model.init_net
     else:
-        nets = build_training(model, solver)
+        done = rewrite(model.train_net, "training", enabled=fuse)
+        nets = build_training(with_train_net(model, done.net), solver)
         ws.run_net_once(nets.init)
         net = NetDef("profile_train", nets.step.ops + nets.update.ops)
         phases = (["forward"] * nets.n_forward + ["backward"] * (len(nets.step.ops) - nets.n_forward)
                   + ["update"] * len(nets.update.ops))
         init = nets.init
     feed()
-    costs = _costs(init, net, specs)
-    return ProfileTarget(ws.create_net(net), phases, costs, feed, description, batch)
+    costs = _costs(init, net, {**specs, **_derived(done, ws)})
+    return ProfileTarget(ws.create_net(net), phases, costs, feed, description, batch, [done])
 
 
-def _from_checkpoint(path, batch, device, forward_only, seed):
+def _derived(done: Rewritten, ws) -> dict[str, TensorSpec]:
+    """Specs of the blobs a rewrite computed (folded weights), for cost inference."""
+    return {n: TensorSpec(tuple(ws.get_blob(n).shape), str(ws.get_blob(n).dtype))
+            for fold in done.folds for n in (fold.weight, fold.bias)}
+
+
+def _from_checkpoint(path, batch, device, forward_only, seed, fuse=True):
     info = ckpt.read_info(path)
     meta_model = info.meta.get("model", {})
     inputs = {n: (None if v is None else TensorSpec(tuple(v[0]), v[1]))
@@ -126,9 +149,12 @@ def _from_checkpoint(path, batch, device, forward_only, seed):
     labels = list(meta_model.get("labels", []))
     batch = batch or _stored_batch(info)
     ws = Workspace(device or "cpu", seed=seed)
+    done = None
     if forward_only:
         net = info.net("predict")
         ckpt.load_blobs(ws, path, info.params, "params")
+        done = bind_rewrite(net, ws, "inference", enabled=fuse)
+        net = done.net
         phases = ["forward"] * len(net.ops)
         init = None
     else:
@@ -159,8 +185,11 @@ def _from_checkpoint(path, batch, device, forward_only, seed):
     feed()
     for name in info.params:
         specs[name] = TensorSpec(tuple(info.shapes[name]), str(ws.get_blob(name).dtype))
+    if done is not None:
+        specs.update(_derived(done, ws))
     costs = _costs(init, net, specs)
-    return ProfileTarget(ws.create_net(net), phases, costs, feed, f"checkpoint {path}", batch)
+    return ProfileTarget(ws.create_net(net), phases, costs, feed, f"checkpoint {path}", batch,
+                         [done] if done is not None else [])
 
 
 def _stored_batch(info) -> int:

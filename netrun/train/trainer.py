@@ -8,6 +8,12 @@ A checkpoint is written only at a step boundary, where all of that belongs to on
 an interruption in the middle of a step (a KeyboardInterrupt can land anywhere) skips the
 checkpoint rather than write parameters of one iteration with the loader position of the
 next. `at_boundary`, `writing` and `saved` say at any moment what is safe and what is on disk.
+
+Bind-time rewrites (netrun.rewrite; off with `fuse: false`): `nets` are the nets as built,
+which checkpoints record; `bound` are the nets the workspace runs under the same names: the
+step net built from the model's train net rewritten by the training rules (before the
+backward pass, so the fused ops' own gradients are built), and the test net rewritten by
+the inference rules, its folded weights recomputed from the parameters before every test.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import json
 import math
 import time
 import warnings
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +33,7 @@ from netrun.core.workspace import Workspace
 from netrun.errors import CheckpointError, NetrunError
 from netrun.model import load_model
 from netrun.proto.pbtxt import netdef_to_text
+from netrun.rewrite import Rewritten, rewrite, with_train_net
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import TrainConfig
 from netrun.train.data import BatchLoader, iterate_once, make_source, make_transform
@@ -103,6 +111,8 @@ class Trainer:
     # (iteration, path) of the newest snapshot this process finished writing.
     saved: tuple[int, Path] | None = None
     resumed_from: str | None = None
+    # What the bind-time rewrites did to the train and test nets (empty when fuse is off).
+    rewrites: dict[str, Rewritten] = field(default_factory=dict)
 
     def __post_init__(self):
         cfg = self.config
@@ -111,6 +121,7 @@ class Trainer:
         self.model = load_model(cfg.model)
         self.nets = build_training(self.model, cfg.solver)
         self.ws = Workspace(self.device, seed=cfg.solver.seed)
+        self.bound = self._rewritten_nets(cfg.fuse)
         data = dict(cfg.data)
         self.batch_size = int(data.pop("batch_size", 64))
         self.test_batch_size = int(data.pop("test_batch_size", self.batch_size))
@@ -126,6 +137,27 @@ class Trainer:
         self._started = False
 
     # Set-up --------------------------------------------------------------------------------
+    def _rewritten_nets(self, fuse: bool) -> TrainingNets:
+        """The nets to bind: `nets` with the training and inference rewrites applied."""
+        if not fuse:
+            return self.nets
+        train = rewrite(self.model.train_net, "training")
+        nets = self.nets
+        if train.fired:
+            nets = build_training(with_train_net(self.model, train.net),
+                                  self.config.solver)
+            nets.step.name, nets.update.name = self.nets.step.name, self.nets.update.name
+        # The test net's shapes come from the parameters themselves at bind (they exist then).
+        keep = [self.model.loss, *self.model.metrics]
+        test = rewrite(self.nets.test, "inference", keep, self._param_shape)
+        self.rewrites = {"train": train, "test": test}
+        return dataclasses.replace(nets, test=test.net)
+
+    def _param_shape(self, name: str):
+        """A parameter's shape (the test-net folds need them before the init net has run)."""
+        param = next((p for p in self.model.params if p.name == name), None)
+        return None if param is None or param.shape is None else tuple(param.shape)
+
     def start(self, resume: str | None = None, allow_changes: bool = False) -> list[str]:
         """Run the init net, optionally restore a checkpoint, bind the nets.
 
@@ -134,7 +166,9 @@ class Trainer:
         ws, nets = self.ws, self.nets
         ws.run_net_once(nets.init)
         # Bind with real inputs present so buffers and shapes settle on the first run.
-        for net in (nets.step, nets.update, nets.test):
+        if "test" in self.rewrites:
+            self.rewrites["test"].materialize(ws)
+        for net in (self.bound.step, self.bound.update, self.bound.test):
             ws.create_net(net)
         changes = self.restore(resume, allow_changes) if resume else []
         self._started = True
@@ -227,6 +261,8 @@ class Trainer:
         part = self.source.test
         totals: dict[str, float] = {}
         seen = 0
+        if "test" in self.rewrites:   # the folded weights follow the parameters
+            self.rewrites["test"].materialize(ws)
         for k, batch in enumerate(iterate_once(tuple(part), self.test_batch_size, self.transform)):
             if max_batches and k >= max_batches:
                 break

@@ -1,0 +1,118 @@
+"""Applying the rules: a net in, the rewritten net, the rules that fired and the folds out."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from netrun.core.schema import TensorSpec
+from netrun.errors import InternalError
+from netrun.proto.defs import NetDef
+from netrun.rewrite import inference, training
+from netrun.rewrite.fold import Fold
+from netrun.rewrite.graph import Graph
+from netrun.rewrite.rule import Context, Rule
+
+MODES = ("inference", "training")
+RULES: tuple[Rule, ...] = inference.RULES + training.RULES
+
+
+@dataclass(frozen=True)
+class Fired:
+    """One application of a rule: the ops it replaced and the op it made (labels)."""
+
+    rule: str
+    replaced: tuple[str, ...]
+    made: str
+
+
+@dataclass
+class Rewritten:
+    """A rewritten net, what fired, and the folded blobs it reads (see `materialize`)."""
+
+    net: NetDef
+    fired: list[Fired] = field(default_factory=list)
+    folds: list[Fold] = field(default_factory=list)
+
+    def materialize(self, ws) -> None:
+        """Compute the folded blobs from the workspace's current parameters (again after
+        they change)."""
+        for fold in self.folds:
+            fold.compute(ws)
+
+    def derived_specs(self, spec_of: Callable[[str], TensorSpec]) -> dict[str, TensorSpec]:
+        """Shapes of the blobs the rewrites added, from the specs of the blobs they replace."""
+        specs: dict[str, TensorSpec] = {}
+        for fold in self.folds:
+            specs.update(fold.specs(spec_of))
+        return specs
+
+    def counts(self) -> dict[str, int]:
+        """Rule name -> times it fired, in rule order."""
+        out: dict[str, int] = {}
+        for f in self.fired:
+            out[f.rule] = out.get(f.rule, 0) + 1
+        return out
+
+    def summary(self) -> str:
+        """'fold_spatial_bn ×19, conv_relu ×10' or 'no rewrites'."""
+        return ", ".join(f"{k} ×{v}" for k, v in self.counts().items()) or "no rewrites"
+
+
+def rules(mode: str) -> tuple[Rule, ...]:
+    """The rules of one mode, in the order they are applied."""
+    if mode not in MODES:
+        raise InternalError(f"rewrite mode '{mode}' is not one of {', '.join(MODES)}")
+    return tuple(r for r in RULES if r.mode == mode)
+
+
+def rewrite(net: NetDef, mode: str, keep: Iterable[str] = (),
+            shape_of: Callable[[str], tuple[int, ...] | None] = lambda name: None,
+            enabled: bool = True) -> Rewritten:
+    """Apply the mode's rules to a copy of `net` until none matches.
+
+    keep: blobs the caller reads after the net ran (besides its external outputs); their
+    values are never fused away. shape_of: a parameter's shape, None where unknown (a fold
+    then does not fire). enabled=False returns the net as it is (the --no-fuse switch).
+    """
+    out = net.copy()
+    result = Rewritten(out)
+    if not enabled:
+        return result
+    keep = set(keep) | set(net.external_outputs)
+    ops = list(out.ops)
+    ctx = Context(shape_of, taken={*Graph(ops, ()).names(), *net.external_inputs})
+    for rule in rules(mode):
+        if not rule.available():
+            continue
+        while (match := rule.find(Graph(ops, keep), ctx)) is not None:
+            at = max(match.remove)
+            replaced = tuple(ops[i].label for i in sorted(match.remove))
+            ops = [match.op if i == at else o for i, o in enumerate(ops)
+                   if i == at or i not in match.remove]
+            result.fired.append(Fired(rule.name, replaced, match.op.label))
+            result.folds.extend(match.folds)
+            for fold in match.folds:
+                out.external_inputs.extend([fold.weight, fold.bias])
+    out.ops = ops
+    return result
+
+
+def bind_rewrite(net: NetDef, ws, mode: str, keep: Iterable[str] = (),
+                 enabled: bool = True) -> Rewritten:
+    """Rewrite a net about to be bound to `ws` (parameter shapes from its blobs) and compute
+    its folded blobs there."""
+    def shape_of(name: str):
+        return tuple(ws.get_blob(name).shape) if ws.has_blob(name) else None
+
+    result = rewrite(net, mode, keep, shape_of, enabled)
+    result.materialize(ws)
+    return result
+
+
+def with_train_net(model, net: NetDef):
+    """A shallow copy of a model (netrun.model.Model or a subclass) with another train net:
+    what the solver builds a rewritten training run from."""
+    out = copy.copy(model)
+    out.train_net = net
+    return out

@@ -1,0 +1,37 @@
+"""Training rules, applied to the forward ops before the backward pass is built: the gradient
+registry then makes the fused ops' own gradients (SpatialBNRelu -> SpatialBNReluGradient)."""
+from __future__ import annotations
+
+from netrun.core.schema import all_schemas
+from netrun.core.gradient import has_gradient
+from netrun.rewrite.graph import Graph
+from netrun.rewrite.rule import Context, Match, Rule, fused_name
+
+
+def _bn_relu(g: Graph, ctx: Context) -> Match | None:
+    for k, relu in enumerate(g.ops):
+        if relu.type != "Relu":
+            continue
+        found = g.producer(k, 0)
+        if found is None:
+            continue
+        j, bn = found
+        if bn.type != "SpatialBN" or not g.private(j, k):
+            continue
+        # Everything but the normalized output moves from j to k.
+        if not g.clean_between(j, k, bn.inputs + bn.outputs[1:]):
+            continue
+        fused = bn.with_(type="SpatialBNRelu", outputs=relu.outputs + bn.outputs[1:],
+                         name=fused_name(bn, relu))
+        return Match((j, k), fused)
+    return None
+
+
+def _available() -> bool:
+    return "SpatialBNRelu" in all_schemas() and has_gradient("SpatialBNRelu")
+
+
+RULES = (
+    Rule("bn_relu", "SpatialBN then Relu: one SpatialBNRelu op (its gradient in one pass "
+         "too)", "training", _bn_relu, _available),
+)
