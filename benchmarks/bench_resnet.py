@@ -3,6 +3,7 @@
     python benchmarks/bench_resnet.py [--threads 2] [--only resnet20,resnet50,train,infer]
                                       [--quick] [--json] [--algo-mode heuristic]
                                       [--batch N] [--reps N] [--profile-iters N] [--no-ort]
+    python benchmarks/bench_resnet.py --show RESULT.json     (the tables of a --json run)
 
 The rows are issue 14's table: ResNet-20 (zoo/resnet20.yaml) training at batches 32 and 128
 and inference at 1 and 128; ResNet-50 (zoo/resnet50.yaml, see benchmarks/resnets.py)
@@ -188,6 +189,10 @@ def print_report(console, result: dict) -> None:
     console.print(where)
     console.print(f"algorithm mode {result['algo_mode']}; netrun {result['netrun_threads']} "
                   f"worker threads; ratios below 1: netrun is faster.")
+    if "load_average_before" in result:
+        console.print(f"1-minute load average {result['load_average_before']:.2f} before, "
+                      f"{result['load_average_after']:.2f} after, on {os.cpu_count()} CPUs: "
+                      f"above the thread count, other processes were competing.")
 
 
 # Main ---------------------------------------------------------------------------------------------
@@ -220,7 +225,13 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, help="timed repetitions per library and row")
     parser.add_argument("--profile-iters", type=int, help="iterations of netrun's profiler")
     parser.add_argument("--no-ort", action="store_true", help="leave ONNX Runtime out")
+    parser.add_argument("--show", metavar="JSON", help="print the tables of a saved --json result")
     args = parser.parse_args(argv)
+    if args.show:
+        from rich.console import Console
+        print_report(Console(width=None if sys.stdout.isatty() else 150),
+                     json.loads(Path(args.show).read_text()))
+        return 0
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     rows = selected_rows(args.only, args.batch)
@@ -252,7 +263,8 @@ def main(argv=None) -> int:
     result = {"threads": args.threads, "netrun_threads": thread_count(),
               "torch_version": torch.__version__,
               "ort_version": ort.__version__ if ort else None, "reps": args.reps,
-              "algo_mode": args.algo_mode, "architecture": {}, "rows": []}
+              "algo_mode": args.algo_mode, "architecture": {}, "rows": [],
+              "load_average_before": os.getloadavg()[0]}
     for net in dict.fromkeys(n for n, _, _ in rows):
         model, shape, _ = torch_resnet(torch, net)
         arch = architecture(load_model(str(REPO / NETS[net])), model, torch, shape)
@@ -265,6 +277,9 @@ def main(argv=None) -> int:
     for net, phase, batch in rows:
         log.print(f"[dim]timing {TITLES[net]} {phase}, batch {batch}...[/dim]")
         result["rows"].append(bench_row(torch, ort, net, phase, batch, args))
+    # Other processes' load skews PyTorch most (its OpenMP threads wait at barriers for a
+    # descheduled peer), so the report says what the machine was doing.
+    result["load_average_after"] = os.getloadavg()[0]
     if args.json:
         print(json.dumps(result, indent=2))
     else:
