@@ -191,7 +191,7 @@ def print_report(console, result: dict) -> None:
                   f"worker threads; ratios below 1: netrun is faster.")
     if "load_average_before" in result:
         console.print(f"1-minute load average {result['load_average_before']:.2f} before, "
-                      f"{result['load_average_after']:.2f} after, on {os.cpu_count()} CPUs: "
+                      f"{result['load_average_after']:.2f} after, on {result['cpus']} CPUs: "
                       f"above the thread count, other processes were competing.")
 
 
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
               "torch_version": torch.__version__,
               "ort_version": ort.__version__ if ort else None, "reps": args.reps,
               "algo_mode": args.algo_mode, "architecture": {}, "rows": [],
-              "load_average_before": os.getloadavg()[0]}
+              "cpus": os.cpu_count(), "load_average_before": os.getloadavg()[0]}
     for net in dict.fromkeys(n for n, _, _ in rows):
         model, shape, _ = torch_resnet(torch, net)
         arch = architecture(load_model(str(REPO / NETS[net])), model, torch, shape)
