@@ -191,8 +191,8 @@ def print_report(console, result: dict) -> None:
                   f"worker threads; ratios below 1: netrun is faster.")
     if "load_average_before" in result:
         console.print(f"1-minute load average {result['load_average_before']:.2f} before, "
-                      f"{result['load_average_after']:.2f} after, on {result['cpus']} CPUs: "
-                      f"above the thread count, other processes were competing.")
+                      f"{result['load_average_after']:.2f} after, on {result['cpus']} CPUs (this run "
+                      f"adds about {result['threads']}; the rest was other processes).")
 
 
 # Main ---------------------------------------------------------------------------------------------
