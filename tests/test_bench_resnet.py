@@ -1,0 +1,82 @@
+"""benchmarks/bench_resnet.py cannot rot: it runs at tiny settings, and its nets agree."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+
+torch = pytest.importorskip("torch")
+
+
+def _module(name: str):
+    """A benchmarks/ module by name (they import each other from that folder)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_shipped_resnet50_is_the_generated_one():
+    resnets = _module("resnets")
+    assert (REPO / "zoo" / "resnet50.yaml").read_text() == resnets.resnet50_yaml()
+
+
+@pytest.mark.parametrize("net", ["resnet20", "resnet50"])
+def test_netrun_and_torch_nets_are_the_same_architecture(net):
+    from netrun.model import load_model
+
+    bench = _module("bench_resnet")
+    model, shape, classes = bench.torch_resnet(torch, net)
+    arch = bench.architecture(load_model(str(REPO / bench.NETS[net])), model, torch, shape)
+    bench.check_same(net, arch)
+    assert arch["output_shape"]["netrun"] == [1, classes]
+    if net == "resnet50":   # He et al.'s figures: 25.6M parameters, 3.86 G multiply-adds
+        assert arch["params"]["netrun"] == 25_557_032
+        assert arch["conv_flops"]["netrun"] == pytest.approx(2 * 3.86e9, rel=0.01)
+
+
+def test_the_check_sees_a_stride_in_the_wrong_place():
+    from netrun.model import load_model
+
+    bench = _module("bench_resnet")
+    model, shape, _ = bench.torch_resnet(torch, "resnet50")
+    # torchvision's v1.5: the first stage-2 block's stride on its 3×3 conv, not on the 1×1.
+    body = model[6].body   # conv_bn, ReLU, max pool, 3 stage-1 blocks, then stage 2
+    body[0][0].stride, body[2][0].stride = (1, 1), (2, 2)
+    arch = bench.architecture(load_model(str(REPO / "zoo/resnet50.yaml")), model, torch, shape)
+    with pytest.raises(bench.Unfair, match="conv_flops"):
+        bench.check_same("resnet50", arch)
+
+
+def test_benchmark_runs_at_tiny_settings():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, str(BENCH / "bench_resnet.py"), "--only", "resnet20",
+                          "--batch", "2", "--reps", "1", "--profile-iters", "1", "--json"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["netrun_threads"] == 2 and result["threads"] == 2
+    rows = {(r["phase"], r["batch"]): r for r in result["rows"]}
+    assert set(rows) == {("train", 2), ("infer", 2)}
+    has_ort = importlib.util.find_spec("onnxruntime") is not None
+    for (phase, _), r in rows.items():
+        assert r["netrun"] > 0 and r["torch"] > 0
+        assert (r["ort"] is not None) == (has_ort and phase == "infer")
+        types = {t["type"]: t["count"] for t in r["by_type"]}
+        assert types["Conv"] == 21 and types["SpatialBN"] == 21
+        if phase == "train":
+            assert types["ConvGradient"] == 21 and "MomentumSGDUpdate" in types
+        else:
+            assert "ConvGradient" not in types
