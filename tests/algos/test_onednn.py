@@ -254,3 +254,26 @@ def test_the_rules_prefer_it_where_it_measured_faster():
     assert pick(wide, "forward") == "onednn" and pick(wide, "backward_filter") != "onednn"
     with_winograd = ConvProblem(128, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1, 1)
     assert pick(with_winograd, "forward") == "winograd_jit" or not jit.available()
+
+
+@needs_onednn
+@pytest.mark.parametrize("relu", [False, True])
+def test_one_image_split_by_output_channels_matches_the_reference(relu, monkeypatch):
+    """Batch 1 cuts the output channels into blocks (separate calls on slices of W and Y)."""
+    from netrun.conv.cpu import onednn as onednn_conv
+
+    monkeypatch.setattr(onednn_conv, "CHUNK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)
+    monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
+    p = ConvProblem(1, 5, 9, 7, 70, 3, 3, 2, 1, 1, 0, 2, 1)
+    assert parallel.chunk_count(p.k, p.k * p.oh * p.ow * p.c * 9, 32) > 1
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((p.n, p.c, p.h, p.w)).astype(np.float32)
+    w = rng.standard_normal((p.k, p.c, p.kh, p.kw)).astype(np.float32)
+    b = rng.standard_normal(p.k).astype(np.float32)
+    y = np.full((p.n, p.k, p.oh, p.ow), np.nan, np.float32)
+    ALGO.forward(np, x, w, p, y, netrun.Workspace().scratch, bias=b, relu=relu)
+    ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), (p.sh, p.sw),
+                      (p.pt, p.pl, p.pb, p.pr), (p.dh, p.dw), p.group)
+    ref = ref + b[None, :, None, None]
+    _close(y, np.maximum(ref, 0) if relu else ref, "forward of one image")

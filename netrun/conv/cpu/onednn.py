@@ -16,6 +16,8 @@ threads at all: nothing spins on the cores that netrun's workers need.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, register_algorithm
@@ -68,12 +70,15 @@ class OneDNNConv(ConvAlgorithm):
         bias = None if bias is None else _c(bias)
         y = _writable(out, scratch, "onednn.y")
 
-        def work(index, n0, n1):
-            d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, relu)
-            engine.run(d, 1, parallel.chunk_scratch(scratch, index), src=x[n0:n1], weights=w,
-                       bias=bias, dst=y[n0:n1])
+        if p.n == 1 and p.group == 1:
+            _forward_by_channels(p, x, w, bias, relu, y, scratch)
+        else:
+            def work(index, n0, n1):
+                d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, relu)
+                engine.run(d, 1, parallel.chunk_scratch(scratch, index), src=x[n0:n1],
+                           weights=w, bias=bias, dst=y[n0:n1])
 
-        _chunks(p, work)
+            _chunks(p, work)
         if y is not out:
             out[...] = y
 
@@ -114,6 +119,23 @@ class OneDNNConv(ConvAlgorithm):
         _chunks(p, work)
         if dw is not out:
             out[...] = dw
+
+
+def _forward_by_channels(p: ConvProblem, x, w, bias, relu, y, scratch) -> None:
+    """One image: fixed blocks of output channels as separate calls, so batch 1 uses every
+    worker; each block's filters and outputs are contiguous slices (K × C × kh × kw, 1 × K ×
+    oH × oW). The blocks depend on the problem only, so the bits do not depend on threads."""
+    per_channel = max(p.oh * p.ow, 1)
+    block = max(-(-p.k // CHUNKS), -(-CHUNK_MIN_ELEMENTS // per_channel))
+    block = -(-block // 16) * 16    # whole blocks of oneDNN's channel blocking
+
+    def work(index, k0, k1):
+        part = replace(p, k=k1 - k0)
+        d = engine.plan(spec(part), "forward", 1, bias is not None, relu)
+        engine.run(d, 1, parallel.chunk_scratch(scratch, index), src=x, weights=w[k0:k1],
+                   bias=None if bias is None else bias[k0:k1], dst=y[:, k0:k1])
+
+    parallel.chunks(np, p.k, work, work=p.k * per_channel * p.c * p.kh * p.kw, block=block)
 
 
 def _chunks(p: ConvProblem, work) -> None:
