@@ -16,6 +16,7 @@ threads at all: nothing spins on the cores that netrun's workers need.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -73,10 +74,12 @@ class OneDNNConv(ConvAlgorithm):
         if p.n == 1 and p.group == 1:
             _forward_by_channels(p, x, w, bias, relu, y, scratch)
         else:
+            filters = _Filters(w, scratch)
+
             def work(index, n0, n1):
                 d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, relu)
-                engine.run(d, 1, parallel.chunk_scratch(scratch, index), src=x[n0:n1],
-                           weights=w, bias=bias, dst=y[n0:n1])
+                engine.run(d, 1, parallel.chunk_scratch(scratch, index),
+                           filters.staged(d), src=x[n0:n1], bias=bias, dst=y[n0:n1])
 
             _chunks(p, work)
         if y is not out:
@@ -86,10 +89,12 @@ class OneDNNConv(ConvAlgorithm):
         dy, w = _c(dy), _c(w)
         dx = _writable(out, scratch, "onednn.dx")
 
+        filters = _Filters(w, scratch)
+
         def work(index, n0, n1):
             d = engine.plan(spec(p, n1 - n0), "backward_data", 1)
-            engine.run(d, 1, parallel.chunk_scratch(scratch, index), diff_dst=dy[n0:n1],
-                       weights=w, diff_src=dx[n0:n1])
+            engine.run(d, 1, parallel.chunk_scratch(scratch, index), filters.staged(d),
+                       diff_dst=dy[n0:n1], diff_src=dx[n0:n1])
 
         _chunks(p, work)
         if dx is not out:
@@ -136,6 +141,27 @@ def _forward_by_channels(p: ConvProblem, x, w, bias, relu, y, scratch) -> None:
                    bias=None if bias is None else bias[k0:k1], dst=y[:, k0:k1])
 
     parallel.chunks(np, p.k, work, work=p.k * per_channel * p.c * p.kh * p.kw, block=block)
+
+
+class _Filters:
+    """The filters of one pass, reordered into oneDNN's layout once and shared by its batch
+    chunks (each chunk reordering them again cost as much as a small layer's convolution)."""
+
+    def __init__(self, w, scratch):
+        self.w, self.scratch = w, scratch
+        self.ready: list = []
+        self.lock = threading.Lock()
+
+    def staged(self, d) -> dict:
+        """{"weights": the filters in d's layout}, reordered by the first chunk that asks."""
+        with self.lock:
+            for ready in self.ready:   # chunks of another size may want another layout
+                if ready.md == d.chosen["weights"]:
+                    return {"weights": ready}
+            ready = d.stage("weights", self.w, self.scratch,
+                            f"onednn.weights_staged{len(self.ready)}")
+            self.ready.append(ready)
+            return {"weights": ready}
 
 
 def _chunks(p: ConvProblem, work) -> None:

@@ -69,13 +69,29 @@ class Direction:
             src, dst = (chosen, user_md) if arg in _OUTPUTS else (user_md, chosen)
             self.reorders[arg] = (_reorder(lib, src, dst), src, dst)
 
-    def run(self, arrays: dict[str, Any], scratch: Callable) -> None:
-        """Execute: reorder inputs in, run, reorder outputs out (arrays: NCHW, C-contiguous)."""
+    def stage(self, arg: str, array, scratch: Callable, key: str) -> Staged:
+        """An input reordered once into this primitive's layout, for several calls (the
+        filters, shared by every batch chunk of one pass)."""
+        held: list = []
+        if arg not in self.reorders:
+            return Staged(self.chosen[arg], array.ctypes.data, [array])
+        prim, src, dst = self.reorders[arg]
+        pointer = _buffer(scratch, key, self.chosen[arg].size, held)
+        prim.execute([(api_arg("src"), src, array.ctypes.data),
+                      (api_arg("dst"), dst, pointer)])
+        return Staged(self.chosen[arg], pointer, held)
+
+    def run(self, arrays: dict[str, Any], scratch: Callable,
+            staged: dict[str, Staged] | None = None) -> None:
+        """Execute: reorder inputs in, run, reorder outputs out (arrays: NCHW, C-contiguous;
+        `staged` inputs are already in this primitive's layout)."""
         pointers = {arg: a.ctypes.data for arg, a in arrays.items() if a is not None}
-        staged = {}
+        staged = {arg: ready.pointer for arg, ready in (staged or {}).items()
+                  if ready.md == self.chosen[arg]}
+        pointers.update({arg: p for arg, p in staged.items() if arg not in pointers})
         held = []   # the scratch arrays behind raw pointers stay alive until the call ends
         for arg, (prim, src, dst) in self.reorders.items():
-            if arg not in pointers:
+            if arg not in pointers or arg in staged:
                 continue
             staged[arg] = _buffer(scratch, f"onednn.{arg}", self.chosen[arg].size, held)
             if arg not in _OUTPUTS:
@@ -94,6 +110,15 @@ class Direction:
 
 
 _OUTPUTS = ("dst", "diff_src", "diff_weights")
+
+
+@dataclass(frozen=True, eq=False)
+class Staged:
+    """An input already in a primitive's layout: its descriptor, address and owner arrays."""
+
+    md: MemoryDesc
+    pointer: int
+    held: list
 
 
 def api_arg(name: str) -> int:
@@ -210,10 +235,11 @@ def plan(s: ConvSpec, direction: str, count: int, bias: bool = False, relu: bool
     return found
 
 
-def run(d: Direction, count: int, scratch: Callable, **arrays) -> None:
-    """Execute a plan on `count` OpenMP threads of this thread."""
+def run(d: Direction, count: int, scratch: Callable, staged: dict[str, Staged] | None = None,
+        **arrays) -> None:
+    """Execute a plan on `count` OpenMP threads of this thread (`staged`: see Direction.run)."""
     threads.use(count)
     for a in arrays.values():
         if a is not None and (a.dtype != np.float32 or not a.flags.c_contiguous):
             raise ValueError("oneDNN arrays must be C-contiguous float32")
-    d.run(arrays, scratch)
+    d.run(arrays, scratch, staged)
