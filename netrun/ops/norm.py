@@ -6,6 +6,7 @@ from netrun.core.gradient import register_gradient
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
+from netrun.kernels import batch_norm as bn
 from netrun.ops.common import input_cost, same_as_input
 
 ORDER = Arg("order", "str", "NCHW", allowed=("NCHW", "NHWC"), doc="layout of X")
@@ -82,31 +83,38 @@ register_schema(
 
 @register_kernel("SpatialBN")
 def spatial_bn(ctx, X, scale, bias, running_mean, running_var):
+    _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu=False)
+
+
+def _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu: bool) -> None:
+    """SpatialBN's outputs, Y = max(BN(X), 0) if relu (netrun.kernels.batch_norm passes)."""
     xp, a = ctx.xp, ctx.args
-    axes, bshape = _per_channel(X, a.order)
-    Y = ctx.output(0, X.shape, X.dtype)
+    dt = X.dtype
+    Y = ctx.output(0, X.shape, dt)
     if a.is_test:
         # Y = X·s + (bias − μ·s) with s = scale/√(var + ε): one pass over X.
         s = scale / xp.sqrt(running_var + a.epsilon)
-        xp.multiply(X, s.reshape(bshape).astype(X.dtype, copy=False), out=Y)
-        Y += (bias - running_mean * s).reshape(bshape).astype(X.dtype, copy=False)
+        bn.normalize(xp, X, a.order, xp.zeros(s.shape, dt), _vec(xp, s, dt),
+                     _vec(xp, bias - running_mean * s, dt), Y, relu)
         return
-    m = X.size // scale.size
-    mean = X.mean(axis=axes)
-    xp.subtract(X, mean.reshape(bshape), out=Y)                  # Y holds X − μ for now
-    sq = ctx.scratch("norm.tmp", X.shape, X.dtype)
-    xp.multiply(Y, Y, out=sq)
-    var = sq.mean(axis=axes)                                     # two-pass: no cancellation
-    inv_std = 1.0 / xp.sqrt(var + a.epsilon)
-    Y *= (scale * inv_std).reshape(bshape).astype(X.dtype, copy=False)
-    Y += bias.reshape(bshape).astype(X.dtype, copy=False)
+    stats = bn.batch_stats(xp, X, a.order, ctx.scratch)
+    m = stats.m
+    inv_std = 1.0 / xp.sqrt(stats.var + a.epsilon)
+    mean = _vec(xp, stats.mean, dt)
+    bn.normalize(xp, X, a.order, mean, _vec(xp, scale * inv_std, dt), _vec(xp, bias, dt), Y,
+                 relu)
     # The running stats share the input blobs (enforce_inplace), so compute before writing.
-    new_mean = a.momentum * running_mean + (1.0 - a.momentum) * mean
-    new_var = a.momentum * running_var + (1.0 - a.momentum) * var * (m / (m - 1))
+    new_mean = a.momentum * running_mean + (1.0 - a.momentum) * stats.mean
+    new_var = a.momentum * running_var + (1.0 - a.momentum) * stats.var * (m / (m - 1))
     ctx.output(1, running_mean.shape, running_mean.dtype)[...] = new_mean
     ctx.output(2, running_var.shape, running_var.dtype)[...] = new_var
-    ctx.output(3, mean.shape, X.dtype)[...] = mean
-    ctx.output(4, mean.shape, X.dtype)[...] = inv_std
+    ctx.output(3, mean.shape, dt)[...] = mean
+    ctx.output(4, mean.shape, dt)[...] = inv_std
+
+
+def _vec(xp, v, dtype):
+    """A per-channel vector as a contiguous array of `dtype` (what the kernels take)."""
+    return xp.ascontiguousarray(v.astype(dtype, copy=False))
 
 
 def _bn_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
@@ -130,27 +138,26 @@ register_schema(
 
 @register_kernel("SpatialBNGradient")
 def spatial_bn_gradient(ctx, X, scale, mean, inv_std, dY):
+    _bn_backward(ctx, X, scale, mean, inv_std, dY, None)
+
+
+def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
+    """SpatialBNGradient's outputs; given Y (BN + ReLU's output) dY is first masked by Y > 0."""
     xp, a = ctx.xp, ctx.args
-    axes, bshape = _per_channel(X, a.order)
+    dt = X.dtype
     m = X.size // scale.size
     if a.is_test:
-        inv_std = 1.0 / xp.sqrt(inv_std + a.epsilon)  # input 3 is the running variance
-    dX = ctx.output(0, X.shape, X.dtype)
-    dbias = dY.sum(axis=axes)
-    xp.subtract(X, mean.reshape(bshape).astype(X.dtype, copy=False), out=dX)  # X − μ
-    tmp = ctx.scratch("norm.tmp", X.shape, X.dtype)
-    xp.multiply(dX, dY, out=tmp)
-    dscale = tmp.sum(axis=axes) * inv_std
+        inv_std = 1.0 / xp.sqrt(inv_std.astype("float64") + a.epsilon)  # input 3 is the var
+    mean = _vec(xp, mean, dt)
+    sums = bn.gradient_sums(xp, X, mean, dY, Y, a.order, ctx.scratch)   # Σ g, Σ (x − μ)·g
+    dbias, dscale = sums[0], sums[1] * inv_std
     ctx.output(1, scale.shape, scale.dtype)[...] = dscale
     ctx.output(2, scale.shape, scale.dtype)[...] = dbias
-    if a.is_test:
-        xp.multiply(dY, (scale * inv_std).reshape(bshape).astype(X.dtype, copy=False), out=dX)
-        return
-    # dX = scale·inv_std · (dY − dbias/M − (X − μ)·inv_std·dscale/M)
-    dX *= (inv_std * dscale / m).reshape(bshape).astype(X.dtype, copy=False)
-    xp.subtract(dY, dX, out=dX)
-    dX -= (dbias / m).reshape(bshape).astype(X.dtype, copy=False)
-    dX *= (scale * inv_std).reshape(bshape).astype(X.dtype, copy=False)
+    # dX = scale·inv_std · (g − dbias/M − (X − μ)·inv_std·dscale/M)  (is_test: g·scale·inv_std)
+    dX = ctx.output(0, X.shape, dt)
+    bn.gradient_input(xp, X, mean, dY, Y, a.order, _vec(xp, inv_std * dscale / m, dt),
+                      _vec(xp, dbias / m, dt), _vec(xp, scale * inv_std, dt), bool(a.is_test),
+                      dX)
 
 
 @register_gradient("SpatialBN")

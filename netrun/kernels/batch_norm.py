@@ -1,0 +1,192 @@
+"""Batch normalization (optionally followed by ReLU) on the CPU: statistics, normalization
+and gradients, compiled and threaded where the engine is there, NumPy otherwise.
+
+The compiled path (netrun.kernels.jit.batch_norm) makes two passes over X forward (the
+statistics, then Y) and two backward (the gradient sums, then dX), each cut into the fixed
+chunks of netrun.kernels.parallel along the outer axis: per-chunk float64 sums are added in
+chunk order by the chunks' commits, so the bits never depend on the thread count. The
+NumPy path computes the same quantities (float64 sums too, two-pass variance) for arrays
+of other modules (CuPy) and without the engine.
+
+Arrays are viewed as (outer, C, inner); see `view`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+import netrun.kernels.jit as jit
+import netrun.kernels.jit.batch_norm as jit_bn
+from netrun.kernels import parallel
+
+Scratch = Callable[..., Any]
+
+
+def view(shape: tuple[int, ...], order: str) -> tuple[int, int, int]:
+    """(outer, C, inner) of an N×C×… (NCHW) or N×…×C (NHWC) array."""
+    if order == "NHWC":
+        c = shape[-1]
+        return int(np.prod(shape[:-1], dtype=np.int64)), c, 1
+    c = shape[1]
+    return shape[0], c, int(np.prod(shape[2:], dtype=np.int64))
+
+
+def compiled(xp: Any, *arrays) -> bool:
+    """Whether the compiled kernels run for these arrays (engine on, NumPy, a built dtype)."""
+    return jit.enabled(xp) and all(a.dtype in jit_bn.DTYPES and a.dtype == arrays[0].dtype
+                                   for a in arrays)
+
+
+@dataclass
+class Stats:
+    """Per-channel batch statistics in float64: mean and biased variance over M values."""
+
+    mean: np.ndarray
+    var: np.ndarray
+    m: int
+
+
+def _as3(a, shape3):
+    return a.reshape(shape3)
+
+
+def _chunked_sums(xp, shape3, scratch: Scratch, fn) -> np.ndarray:
+    """(2, C) float64: the sum over the fixed chunks of fn(x-chunk slice, lanes, sums)."""
+    outer, c, inner = shape3
+    total = np.zeros((2, c))
+
+    def work(index, o0, o1):
+        lanes = parallel.chunk_scratch(scratch, index)("bn.lanes", (2, c, inner), "float64")
+        sums = np.empty((2, c))
+        fn(o0, o1, lanes, sums)
+
+        def commit() -> None:
+            total[...] += sums
+        return commit
+
+    parallel.chunks(xp, outer, work, work=outer * c * inner)
+    return total
+
+
+def _each_chunk(xp, shape3, fn) -> None:
+    """fn(o0, o1) over the fixed chunks of the outer axis, on the worker threads."""
+    outer, c, inner = shape3
+    parallel.chunks(xp, outer, lambda _i, o0, o1: fn(o0, o1), work=outer * c * inner)
+
+
+# Forward ------------------------------------------------------------------------------------
+def batch_stats(xp, X, order: str, scratch: Scratch) -> Stats:
+    """Mean and biased variance of each channel of X (float64 arrays of xp)."""
+    shape3 = view(X.shape, order)
+    outer, c, inner = shape3
+    m = outer * inner
+    if compiled(xp, X):
+        x = _as3(np.ascontiguousarray(X), shape3)
+        # any value of each channel, the same on every thread count: the first one
+        shift = x[0, :, 0].astype(np.float64)
+        s = _chunked_sums(xp, shape3, scratch,
+                          lambda o0, o1, lanes, sums: jit_bn.stats(x[o0:o1], shift, lanes, sums))
+        mean_shifted = s[0] / m
+        var = np.maximum(s[1] / m - mean_shifted * mean_shifted, 0.0)
+        return Stats(mean_shifted + shift, var, m)
+    x = X.reshape(shape3)
+    mean = x.sum(axis=(0, 2), dtype=np.float64) / m
+    centred = x.astype(np.float64)                               # two-pass: no cancellation
+    centred -= mean.reshape(1, c, 1)
+    centred *= centred
+    return Stats(mean, centred.sum(axis=(0, 2)) / m, m)
+
+
+def normalize(xp, X, order: str, mean, k, bias, Y, relu: bool) -> None:
+    """Y = (X − mean)·k + bias per channel (vectors of X's dtype), then max(Y, 0) if relu."""
+    shape3 = view(X.shape, order)
+    c = shape3[1]
+    if compiled(xp, X, Y, mean, k, bias):
+        x, y = _as3(np.ascontiguousarray(X), shape3), _as3(Y, shape3)
+        _each_chunk(xp, shape3, lambda o0, o1: jit_bn.normalize(x[o0:o1], mean, k, bias,
+                                                                y[o0:o1], relu))
+        return
+    b = (1, c, 1)
+    y = Y.reshape(shape3)
+    xp.subtract(X.reshape(shape3), mean.reshape(b), out=y)
+    y *= k.reshape(b)
+    y += bias.reshape(b)
+    if relu:
+        xp.maximum(y, 0, out=y)
+
+
+# Backward -----------------------------------------------------------------------------------
+def gradient_sums(xp, X, mean, dY, Y, order: str, scratch: Scratch) -> np.ndarray:
+    """(2, C) float64 array of xp: Σ g and Σ (X − mean)·g per channel, g = dY, or
+    dY·(Y > 0) given Y."""
+    shape3 = view(X.shape, order)
+    c = shape3[1]
+    relu = Y is not None
+    if compiled(xp, X, mean, dY, *([Y] if relu else [])):
+        x, dy = _as3(np.ascontiguousarray(X), shape3), _as3(np.ascontiguousarray(dY), shape3)
+        y = _as3(np.ascontiguousarray(Y), shape3) if relu else dy
+        return _chunked_sums(xp, shape3, scratch, lambda o0, o1, lanes, sums: jit_bn.gradient_sums(
+            x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, lanes, sums))
+    g = _masked(xp, dY.reshape(shape3), Y.reshape(shape3) if relu else None)
+    centred = X.reshape(shape3).astype(np.float64)
+    centred -= mean.reshape(1, c, 1)
+    centred *= g
+    return xp.stack([g.sum(axis=(0, 2), dtype=np.float64), centred.sum(axis=(0, 2))])
+
+
+def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX) -> None:
+    """dX = ((g − (X − mean)·a) − b)·k per channel, or g·k if is_test; g as in
+    gradient_sums (vectors of X's dtype)."""
+    shape3 = view(X.shape, order)
+    c = shape3[1]
+    relu = Y is not None
+    if compiled(xp, X, mean, dY, dX, a, b, k, *([Y] if relu else [])):
+        x, dy = _as3(np.ascontiguousarray(X), shape3), _as3(np.ascontiguousarray(dY), shape3)
+        y = _as3(np.ascontiguousarray(Y), shape3) if relu else dy
+        dx = _as3(dX, shape3)
+        _each_chunk(xp, shape3, lambda o0, o1: jit_bn.gradient_input(
+            x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, a, b, k, is_test, dx[o0:o1]))
+        return
+    bs = (1, c, 1)
+    g = _masked(xp, dY.reshape(shape3), Y.reshape(shape3) if relu else None)
+    dx = dX.reshape(shape3)
+    if is_test:
+        xp.multiply(g, k.reshape(bs), out=dx)
+        return
+    xp.subtract(X.reshape(shape3), mean.reshape(bs), out=dx)
+    dx *= a.reshape(bs)
+    xp.subtract(g, dx, out=dx)
+    dx -= b.reshape(bs)
+    dx *= k.reshape(bs)
+
+
+def _masked(xp, dy, y):
+    """dy, or dy·(y > 0) (a new array) when y is given."""
+    return dy if y is None else dy * (y > 0)
+
+
+# ReLU -----------------------------------------------------------------------------------------
+def relu(xp, X, Y) -> None:
+    """Y = max(X, 0) (Y may be X), on the worker threads when compiled."""
+    if compiled(xp, X, Y) and X.flags.c_contiguous and Y.flags.c_contiguous:
+        x, y = X.reshape(-1), Y.reshape(-1)
+        _flat_chunks(xp, x.size, lambda i0, i1: jit_bn.relu(x[i0:i1], y[i0:i1]))
+        return
+    xp.maximum(X, 0, out=Y)
+
+
+def relu_gradient(xp, Y, dY, dX) -> None:
+    """dX = dY·(Y > 0) (dX may be dY), on the worker threads when compiled."""
+    if (compiled(xp, Y, dY, dX) and Y.flags.c_contiguous and dY.flags.c_contiguous
+            and dX.flags.c_contiguous):
+        y, dy, dx = Y.reshape(-1), dY.reshape(-1), dX.reshape(-1)
+        _flat_chunks(xp, y.size, lambda i0, i1: jit_bn.relu_gradient(y[i0:i1], dy[i0:i1],
+                                                                     dx[i0:i1]))
+        return
+    xp.multiply(dY, Y > 0, out=dX)
+
+
+def _flat_chunks(xp, n: int, fn) -> None:
+    parallel.chunks(xp, n, lambda _i, i0, i1: fn(i0, i1), work=n)
