@@ -1,9 +1,12 @@
-"""Normalization: SpatialBN (batch normalization) and LRN. Each section: schema, kernel,
-gradient maker, and the gradient op's schema and kernel."""
+"""Normalization: SpatialBN (batch normalization), SpatialBNRelu (SpatialBN then ReLU, fused)
+and LRN. Each section: schema, kernel, gradient maker, and the gradient op's schema and
+kernel. SpatialBN's passes over memory are in netrun.kernels.batch_norm."""
 from __future__ import annotations
 
+import netrun.kernels.jit as jit
+import netrun.kernels.jit.batch_norm as jit_bn
 from netrun.core.gradient import register_gradient
-from netrun.core.registry import register_kernel
+from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
 from netrun.kernels import batch_norm as bn
@@ -15,14 +18,6 @@ ORDER = Arg("order", "str", "NCHW", allowed=("NCHW", "NHWC"), doc="layout of X")
 def channel_axis(order: str, ndim: int) -> int:
     """The channel axis of an N×C×… (NCHW) or N×…×C (NHWC) tensor."""
     return 1 if order == "NCHW" else ndim - 1
-
-
-def _per_channel(X, order: str):
-    """(reduce axes, broadcast shape) for per-channel vectors (C,) against X."""
-    c = channel_axis(order, X.ndim)
-    axes = tuple(i for i in range(X.ndim) if i != c)
-    bshape = tuple(X.shape[c] if i == c else 1 for i in range(X.ndim))
-    return axes, bshape
 
 
 # SpatialBN -------------------------------------------------------------------------------
@@ -166,6 +161,58 @@ def _spatial_bn_grad(g):
     stats = [g.I(3), g.I(4)] if g.args.get("is_test", 0) else [g.O(3), g.O(4)]
     return [g.op("SpatialBNGradient", [g.I(0), g.I(1), *stats, g.GO(0)],
                  [g.GI(0), g.GI(1), g.GI(2)], **args)]
+
+
+# SpatialBNRelu: SpatialBN then ReLU in the same passes (a bind-time fusion's target) ------
+register_schema(
+    "SpatialBNRelu", inputs=5, outputs=(1, 5),
+    input_names=("X", "scale", "bias", "running_mean", "running_var"),
+    output_names=("Y", "running_mean", "running_var", "saved_mean", "saved_inv_std"),
+    args=_BN_ARGS, enforce_inplace=((3, 1), (4, 2)), shape_fn=_bn_shape, cost_fn=input_cost(8),
+    check_fn=_bn_check, non_differentiable=(3, 4), family="norm",
+    doc="Y = max(SpatialBN(X), 0): SpatialBN (same arguments, inputs and outputs, training "
+        "and is_test) followed by Relu, the ReLU applied as Y is written.")
+
+
+@register_kernel("SpatialBNRelu")
+def spatial_bn_relu(ctx, X, scale, bias, running_mean, running_var):
+    _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu=True)
+
+
+def _bn_relu_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    if tuple(ins[5].shape) != tuple(ins[0].shape):
+        raise ShapeError(f"SpatialBNReluGradient: Y has shape {ins[5]} but X has shape "
+                         f"{ins[0]}")
+    return _bn_grad_shape(args, ins[:5])
+
+
+register_schema(
+    "SpatialBNReluGradient", inputs=6, outputs=3,
+    input_names=("X", "scale", "saved_mean", "saved_inv_std", "dY", "Y"),
+    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER],
+    shape_fn=_bn_relu_grad_shape, cost_fn=input_cost(10), family="norm",
+    doc="SpatialBNGradient of dY·(Y > 0), Y being SpatialBNRelu's output (the ReLU's mask): "
+        "the inputs of SpatialBNGradient, then Y; the same outputs.")
+
+
+@register_kernel("SpatialBNReluGradient")
+def spatial_bn_relu_gradient(ctx, X, scale, mean, inv_std, dY, Y):
+    _bn_backward(ctx, X, scale, mean, inv_std, dY, Y)
+
+
+@register_gradient("SpatialBNRelu")
+def _spatial_bn_relu_grad(g):
+    args = g.copy_args("is_test", "epsilon", "order")
+    stats = [g.I(3), g.I(4)] if g.args.get("is_test", 0) else [g.O(3), g.O(4)]
+    return [g.op("SpatialBNReluGradient", [g.I(0), g.I(1), *stats, g.GO(0), g.O(0)],
+                 [g.GI(0), g.GI(1), g.GI(2)], **args)]
+
+
+@register_preparer("SpatialBN", "SpatialBNGradient", "SpatialBNRelu", "SpatialBNReluGradient")
+def _prepare(ctx) -> None:
+    """Load the compiled float32 kernels at bind time (not in the first iteration)."""
+    if jit.enabled(ctx.xp):
+        jit_bn.prepare("float32")
 
 
 # LRN -------------------------------------------------------------------------------------
