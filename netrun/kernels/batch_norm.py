@@ -12,6 +12,7 @@ Arrays are viewed as (outer, C, inner); see `view`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -27,10 +28,8 @@ Scratch = Callable[..., Any]
 def view(shape: tuple[int, ...], order: str) -> tuple[int, int, int]:
     """(outer, C, inner) of an N×C×… (NCHW) or N×…×C (NHWC) array."""
     if order == "NHWC":
-        c = shape[-1]
-        return int(np.prod(shape[:-1], dtype=np.int64)), c, 1
-    c = shape[1]
-    return shape[0], c, int(np.prod(shape[2:], dtype=np.int64))
+        return math.prod(shape[:-1]), shape[-1], 1
+    return shape[0], shape[1], math.prod(shape[2:])
 
 
 def compiled(xp: Any, *arrays) -> bool:
@@ -55,6 +54,10 @@ def _as3(a, shape3):
 def _chunked_sums(xp, shape3, scratch: Scratch, fn) -> np.ndarray:
     """(2, C) float64: the sum over the fixed chunks of fn(x-chunk slice, lanes, sums)."""
     outer, c, inner = shape3
+    if _one_chunk(outer * c * inner):
+        sums = np.empty((2, c))
+        fn(0, outer, scratch("bn.lanes", (2, c, inner), "float64"), sums)
+        return sums
     total = np.zeros((2, c))
 
     def work(index, o0, o1):
@@ -73,7 +76,16 @@ def _chunked_sums(xp, shape3, scratch: Scratch, fn) -> np.ndarray:
 def _each_chunk(xp, shape3, fn) -> None:
     """fn(o0, o1) over the fixed chunks of the outer axis, on the worker threads."""
     outer, c, inner = shape3
-    parallel.chunks(xp, outer, lambda _i, o0, o1: fn(o0, o1), work=outer * c * inner)
+    if _one_chunk(outer * c * inner):
+        fn(0, outer)
+    else:
+        parallel.chunks(xp, outer, lambda _i, o0, o1: fn(o0, o1), work=outer * c * inner)
+
+
+def _one_chunk(work: int) -> bool:
+    """Whether parallel.chunks would make one chunk of this work whatever n is (its rule),
+    so that the call can skip the hand-off machinery: batch-1 inference is per-op overhead."""
+    return work < 2 * parallel.MIN_ELEMENTS
 
 
 # Forward ------------------------------------------------------------------------------------
@@ -115,6 +127,21 @@ def normalize(xp, X, order: str, mean, k, bias, Y, relu: bool) -> None:
     y += bias.reshape(b)
     if relu:
         xp.maximum(y, 0, out=y)
+
+
+def inference(xp, X, order: str, scale, bias, mean, var, epsilon: float, Y,
+              relu: bool) -> bool:
+    """is_test's Y = X·s + (bias − mean·s), s = scale/√(var + ε) (then max(Y, 0) if relu),
+    per-channel terms included, in one compiled call per chunk: batch-1 inference pays no
+    per-channel NumPy calls. False (nothing done) where the compiled kernels do not apply."""
+    if not compiled(xp, X, Y, scale, bias, mean, var):
+        return False
+    shape3 = view(X.shape, order)
+    x, y = _as3(np.ascontiguousarray(X), shape3), _as3(Y, shape3)
+    vecs = [np.ascontiguousarray(v) for v in (scale, bias, mean, var)]
+    _each_chunk(xp, shape3, lambda o0, o1: jit_bn.inference(x[o0:o1], *vecs, epsilon,
+                                                            y[o0:o1], relu))
+    return True
 
 
 # Backward -----------------------------------------------------------------------------------
@@ -189,4 +216,7 @@ def relu_gradient(xp, Y, dY, dX) -> None:
 
 
 def _flat_chunks(xp, n: int, fn) -> None:
-    parallel.chunks(xp, n, lambda _i, i0, i1: fn(i0, i1), work=n)
+    if _one_chunk(n):
+        fn(0, n)
+    else:
+        parallel.chunks(xp, n, lambda _i, i0, i1: fn(i0, i1), work=n)

@@ -195,6 +195,8 @@ def test_compiled_and_numpy_engines_agree(order, is_test):
         plain = _run_all(inp, dy, order, is_test)
     for i, (a, b) in enumerate(zip(compiled, plain)):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=f"output {i}")
+    if is_test:   # the inference map: the same IEEE operations in the same order
+        np.testing.assert_array_equal(compiled[0], plain[0])
     np.testing.assert_array_equal(compiled[-2], plain[-2])   # Relu: exact
     np.testing.assert_array_equal(compiled[-1], plain[-1])   # ReluGradient: exact
 

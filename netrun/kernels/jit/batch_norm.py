@@ -31,6 +31,7 @@ def prepare(dtype: str = "float32") -> None:
     flat, f64v, sums = f"{dtype}[::1]", "float64[::1]", "float64[:, ::1]"
     stats.prepare(f"void({x3}, {f64v}, {lanes}, {sums})")
     normalize.prepare(f"void({x3}, {v}, {v}, {v}, {x3}, boolean)")
+    inference.prepare(f"void({x3}, {v}, {v}, {v}, {v}, float64, {x3}, boolean)")
     gradient_sums.prepare(f"void({x3}, {v}, {x3}, {x3}, boolean, {lanes}, {sums})")
     gradient_input.prepare(f"void({x3}, {v}, {x3}, {x3}, boolean, {v}, {v}, {v}, boolean, "
                            f"{x3})")
@@ -81,6 +82,26 @@ def normalize(x, mean, k, bias, y, relu):
             else:
                 for i in range(i_n):
                     y[o, c, i] = (x[o, c, i] - m) * kc + b
+
+
+@kernel
+def inference(x, scale, bias, mean, var, epsilon, y, relu):
+    """y = x·s[c] + (bias[c] − mean[c]·s[c]), s = scale/√(var + ε), then max(y, 0) if relu:
+    is_test's map, per-channel terms included, in x's dtype (NumPy's rounding: each
+    operation is IEEE-exact in that dtype, so the bits are those of the NumPy path)."""
+    o_n, c_n, i_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2])
+    zero, eps = x.dtype.type(0), x.dtype.type(epsilon)
+    for c in range(c_n):
+        s = scale[c] / np.sqrt(var[c] + eps)
+        shift = bias[c] - mean[c] * s
+        for o in range(o_n):
+            if relu:
+                for i in range(i_n):
+                    v = x[o, c, i] * s + shift
+                    y[o, c, i] = v if not v <= zero else zero
+            else:
+                for i in range(i_n):
+                    y[o, c, i] = x[o, c, i] * s + shift
 
 
 @kernel
