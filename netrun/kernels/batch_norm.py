@@ -104,15 +104,25 @@ def batch_stats(xp, X, order: str, scratch: Scratch) -> Stats:
         var = np.maximum(s[1] / m - mean_shifted * mean_shifted, 0.0)
         return Stats(mean_shifted + shift, var, m)
     x = X.reshape(shape3)
-    mean = x.sum(axis=(0, 2), dtype=np.float64) / m
-    centred = x.astype(np.float64)                               # two-pass: no cancellation
-    centred -= mean.reshape(1, c, 1)
-    centred *= centred
-    return Stats(mean, centred.sum(axis=(0, 2)) / m, m)
+    mean = _channel_sum(x) / m
+    centred = scratch("bn.centred", shape3, X.dtype)              # two-pass: no cancellation
+    xp.subtract(x, mean.astype(X.dtype).reshape(1, c, 1), out=centred)
+    xp.multiply(centred, centred, out=centred)
+    return Stats(mean, _channel_sum(centred) / m, m)
+
+
+def _channel_sum(a3):
+    """(C,) float64 sums of an (outer, C, inner) array of xp: each row summed in a's dtype
+    (NumPy sums a contiguous row pairwise), the rows then in float64."""
+    rows = a3.sum(axis=2) if a3.shape[2] > 1 else a3[:, :, 0]
+    return rows.sum(axis=0, dtype=np.float64)
 
 
 def normalize(xp, X, order: str, mean, k, bias, Y, relu: bool) -> None:
-    """Y = (X − mean)·k + bias per channel (vectors of X's dtype), then max(Y, 0) if relu."""
+    """Y = (X − mean)·k + bias per channel (vectors of X's dtype; mean None: X·k + bias),
+    then max(Y, 0) if relu."""
+    if mean is None and compiled(xp, X):
+        mean = np.zeros(k.shape, X.dtype)   # X − 0 is X exactly
     shape3 = view(X.shape, order)
     c = shape3[1]
     if compiled(xp, X, Y, mean, k, bias):
@@ -122,8 +132,11 @@ def normalize(xp, X, order: str, mean, k, bias, Y, relu: bool) -> None:
         return
     b = (1, c, 1)
     y = Y.reshape(shape3)
-    xp.subtract(X.reshape(shape3), mean.reshape(b), out=y)
-    y *= k.reshape(b)
+    if mean is None:
+        xp.multiply(X.reshape(shape3), k.reshape(b), out=y)
+    else:
+        xp.subtract(X.reshape(shape3), mean.reshape(b), out=y)
+        y *= k.reshape(b)
     y += bias.reshape(b)
     if relu:
         xp.maximum(y, 0, out=y)
@@ -156,14 +169,17 @@ def gradient_sums(xp, X, mean, dY, Y, order: str, scratch: Scratch) -> np.ndarra
         y = _as3(np.ascontiguousarray(Y), shape3) if relu else dy
         return _chunked_sums(xp, shape3, scratch, lambda o0, o1, lanes, sums: jit_bn.gradient_sums(
             x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, lanes, sums))
-    g = _masked(xp, dY.reshape(shape3), Y.reshape(shape3) if relu else None)
-    centred = X.reshape(shape3).astype(np.float64)
-    centred -= mean.reshape(1, c, 1)
+    g = dY.reshape(shape3)
+    if relu:
+        g = _masked(xp, g, Y.reshape(shape3), scratch("bn.masked", shape3, dY.dtype))
+    centred = scratch("bn.centred", shape3, X.dtype)
+    xp.subtract(X.reshape(shape3), mean.reshape(1, c, 1), out=centred)
     centred *= g
-    return xp.stack([g.sum(axis=(0, 2), dtype=np.float64), centred.sum(axis=(0, 2))])
+    return xp.stack([_channel_sum(g), _channel_sum(centred)])
 
 
-def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX) -> None:
+def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX,
+                   scratch: Scratch) -> None:
     """dX = ((g − (X − mean)·a) − b)·k per channel, or g·k if is_test; g as in
     gradient_sums (vectors of X's dtype)."""
     shape3 = view(X.shape, order)
@@ -177,8 +193,10 @@ def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX) -
             x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, a, b, k, is_test, dx[o0:o1]))
         return
     bs = (1, c, 1)
-    g = _masked(xp, dY.reshape(shape3), Y.reshape(shape3) if relu else None)
     dx = dX.reshape(shape3)
+    g = dY.reshape(shape3)
+    if relu:
+        g = _masked(xp, g, Y.reshape(shape3), scratch("bn.masked", shape3, dY.dtype))
     if is_test:
         xp.multiply(g, k.reshape(bs), out=dx)
         return
@@ -189,9 +207,10 @@ def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX) -
     dx *= k.reshape(bs)
 
 
-def _masked(xp, dy, y):
-    """dy, or dy·(y > 0) (a new array) when y is given."""
-    return dy if y is None else dy * (y > 0)
+def _masked(xp, dy, y, out):
+    """out = dy·(y > 0) (NaN·0 stays NaN, as in ReluGradient)."""
+    xp.multiply(dy, y > 0, out=out)
+    return out
 
 
 # ReLU -----------------------------------------------------------------------------------------

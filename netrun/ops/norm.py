@@ -92,7 +92,7 @@ def _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu: bool) -> N
             return
         # Y = X·s + (bias − μ·s) with s = scale/√(var + ε): one pass over X.
         s = scale / xp.sqrt(running_var + a.epsilon)
-        bn.normalize(xp, X, a.order, xp.zeros(s.shape, dt), _vec(xp, s, dt),
+        bn.normalize(xp, X, a.order, None, _vec(xp, s, dt),
                      _vec(xp, bias - running_mean * s, dt), Y, relu)
         return
     stats = bn.batch_stats(xp, X, a.order, ctx.scratch)
@@ -155,7 +155,7 @@ def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
     dX = ctx.output(0, X.shape, dt)
     bn.gradient_input(xp, X, mean, dY, Y, a.order, _vec(xp, inv_std * dscale / m, dt),
                       _vec(xp, dbias / m, dt), _vec(xp, scale * inv_std, dt), bool(a.is_test),
-                      dX)
+                      dX, ctx.scratch)
 
 
 @register_gradient("SpatialBN")

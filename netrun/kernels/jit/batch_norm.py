@@ -16,6 +16,8 @@ Indices are unsigned (U) so that LLVM vectorizes the inner loops (see netrun.ker
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from netrun.kernels.jit import kernel
@@ -25,6 +27,9 @@ DTYPES = (np.dtype("float32"), np.dtype("float64"))
 U = np.uint64
 
 
+# A memo of what is compiled (never changes once done): Numba parses the signatures again
+# on every compile() call, 3 ms each time, which an op bound per run would pay.
+@functools.cache
 def prepare(dtype: str = "float32") -> None:
     """Compile (or load from Numba's disk cache) every kernel here for `dtype` arrays."""
     x3, v, lanes = f"{dtype}[:, :, ::1]", f"{dtype}[::1]", "float64[:, :, ::1]"
