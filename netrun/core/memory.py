@@ -160,7 +160,7 @@ class ScratchArena:
             state = self._ops.get(id(op))
             if state is None:
                 state = self._ops[id(op)] = ({}, [])
-                weakref.finalize(op, self._ops.pop, id(op), None)
+                weakref.finalize(op, self._ops.pop, id(op), None).atexit = False
             self._regions, used = state
         missing = len(self._blocks.blocks) - len(used)
         if missing:
