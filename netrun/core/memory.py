@@ -137,8 +137,10 @@ class ScratchArena:
         self._new_block = new_block
         self._blocks = _Blocks()
         self._regions: dict[tuple[str, Any], np.ndarray] = {}   # (key, dtype) -> region
-        # op -> (its regions, its use of each block), kept while the op lives
-        self._ops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # id(op) -> (its regions, its use of each block), kept while the op lives (a
+        # finalizer drops it): a plain dict read per op, where a WeakKeyDictionary made a
+        # weak reference on every lookup (per-op overhead shows at batch 1)
+        self._ops: dict[int, tuple[dict, list[int]]] = {}
         self._lock = threading.Lock()   # chunk threads ask for their keys concurrently
         self.peak = 0                   # most bytes handed out to one op (memory touched)
         self.prefaulted = 0             # bytes at the start faulted in ahead of use
@@ -155,11 +157,14 @@ class ScratchArena:
         if op is None:
             self._regions, used = {}, []
         else:
-            state = self._ops.get(op)
+            state = self._ops.get(id(op))
             if state is None:
-                state = self._ops[op] = ({}, [])
+                state = self._ops[id(op)] = ({}, [])
+                weakref.finalize(op, self._ops.pop, id(op), None).atexit = False
             self._regions, used = state
-        used.extend([0] * (len(self._blocks.blocks) - len(used)))   # blocks mapped since
+        missing = len(self._blocks.blocks) - len(used)
+        if missing:
+            used.extend([0] * missing)   # blocks mapped since
         self._blocks.used = used
 
     def get(self, key: str, shape, dtype) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Operator instances: an OperatorDef bound to a workspace, its schema and a kernel."""
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any
 
 from netrun.core.registry import find_kernel, find_preparer, kernel_backends
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
 class OpContext:
     """What a kernel sees besides its inputs: args, array module, output buffers, RNG, state."""
 
-    __slots__ = ("def_", "args", "ws", "backend", "xp", "state", "_inputs")
+    __slots__ = ("def_", "args", "ws", "backend", "xp", "state", "_inputs", "_outputs",
+                 "_is_array", "_owns_data")
 
     def __init__(self, def_: OperatorDef, args: Args, ws: "Workspace"):
         self.def_ = def_
@@ -26,6 +28,10 @@ class OpContext:
         # Per-operator memory across runs (a chosen algorithm, a cached index table).
         self.state: dict[str, Any] = {}
         self._inputs: tuple = ()
+        # Resolved once: `output` runs for every output of every op of every iteration.
+        self._outputs = def_.outputs
+        self._is_array = ws.backend.is_array
+        self._owns_data = ws.backend.owns_data
 
     @property
     def rng(self):
@@ -39,13 +45,16 @@ class OpContext:
 
     def output(self, i: int, shape, dtype="float32") -> Any:
         """A buffer for output i, reused from the previous run when shape and dtype still fit."""
-        name = self.def_.outputs[i]
-        shape = tuple(int(d) for d in shape)
+        name = self._outputs[i]
+        if type(shape) is not tuple:
+            shape = tuple(int(d) for d in shape)
         existing = self.ws._blobs.get(name)
-        if (existing is not None and self.backend.is_array(existing)
+        # The steady state: last run's buffer fits (a tuple of NumPy ints compares equal too).
+        if (existing is not None and self._is_array(existing)
                 and existing.shape == shape and existing.dtype == dtype
-                and self.backend.owns_data(existing)):
+                and self._owns_data(existing)):
             return existing
+        shape = tuple(int(d) for d in shape)
         buf = self.backend.empty(shape, dtype)
         self.ws._blobs[name] = buf
         return buf
@@ -70,6 +79,12 @@ class Operator:
                               f"(kernels exist for: {have})")
         self.ws = ws
         self.ctx = OpContext(def_, self.args, ws)
+        # Bound once, so that a run looks its inputs up in one C call (batch-1 inference is
+        # per-op overhead): itemgetter of two or more names returns a tuple, of one a value.
+        names = def_.inputs
+        self._fetch = (operator.itemgetter(*names) if len(names) > 1
+                       else (lambda blobs, n=names[0]: (blobs[n],)) if names
+                       else (lambda blobs: ()))
         prepare = find_preparer(def_.type)
         if prepare is not None:
             prepare(self.ctx)
@@ -79,7 +94,7 @@ class Operator:
         ws, def_ = self.ws, self.def_
         blobs = ws._blobs
         try:
-            inputs = tuple(blobs[n] for n in def_.inputs)
+            inputs = self._fetch(blobs)
         except KeyError:
             missing = [n for n in def_.inputs if n not in blobs]
             raise NetrunError(f"op {def_.label}: input blob '{missing[0]}' does not exist in the "

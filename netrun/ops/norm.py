@@ -1,11 +1,15 @@
-"""Normalization: SpatialBN (batch normalization) and LRN. Each section: schema, kernel,
-gradient maker, and the gradient op's schema and kernel."""
+"""Normalization: SpatialBN (batch normalization), SpatialBNRelu (SpatialBN then ReLU, fused)
+and LRN. Each section: schema, kernel, gradient maker, and the gradient op's schema and
+kernel. SpatialBN's passes over memory are in netrun.kernels.batch_norm."""
 from __future__ import annotations
 
+import netrun.kernels.jit as jit
+import netrun.kernels.jit.batch_norm as jit_bn
 from netrun.core.gradient import register_gradient
-from netrun.core.registry import register_kernel
+from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
+from netrun.kernels import batch_norm as bn
 from netrun.ops.common import input_cost, same_as_input
 
 ORDER = Arg("order", "str", "NCHW", allowed=("NCHW", "NHWC"), doc="layout of X")
@@ -14,14 +18,6 @@ ORDER = Arg("order", "str", "NCHW", allowed=("NCHW", "NHWC"), doc="layout of X")
 def channel_axis(order: str, ndim: int) -> int:
     """The channel axis of an N×C×… (NCHW) or N×…×C (NHWC) tensor."""
     return 1 if order == "NCHW" else ndim - 1
-
-
-def _per_channel(X, order: str):
-    """(reduce axes, broadcast shape) for per-channel vectors (C,) against X."""
-    c = channel_axis(order, X.ndim)
-    axes = tuple(i for i in range(X.ndim) if i != c)
-    bshape = tuple(X.shape[c] if i == c else 1 for i in range(X.ndim))
-    return axes, bshape
 
 
 # SpatialBN -------------------------------------------------------------------------------
@@ -82,31 +78,41 @@ register_schema(
 
 @register_kernel("SpatialBN")
 def spatial_bn(ctx, X, scale, bias, running_mean, running_var):
+    _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu=False)
+
+
+def _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu: bool) -> None:
+    """SpatialBN's outputs, Y = max(BN(X), 0) if relu (netrun.kernels.batch_norm passes)."""
     xp, a = ctx.xp, ctx.args
-    axes, bshape = _per_channel(X, a.order)
-    Y = ctx.output(0, X.shape, X.dtype)
+    dt = X.dtype
+    Y = ctx.output(0, X.shape, dt)
     if a.is_test:
+        if bn.inference(xp, X, a.order, scale, bias, running_mean, running_var, a.epsilon, Y,
+                        relu):
+            return
         # Y = X·s + (bias − μ·s) with s = scale/√(var + ε): one pass over X.
         s = scale / xp.sqrt(running_var + a.epsilon)
-        xp.multiply(X, s.reshape(bshape).astype(X.dtype, copy=False), out=Y)
-        Y += (bias - running_mean * s).reshape(bshape).astype(X.dtype, copy=False)
+        bn.normalize(xp, X, a.order, None, _vec(xp, s, dt),
+                     _vec(xp, bias - running_mean * s, dt), Y, relu)
         return
-    m = X.size // scale.size
-    mean = X.mean(axis=axes)
-    xp.subtract(X, mean.reshape(bshape), out=Y)                  # Y holds X − μ for now
-    sq = ctx.scratch("norm.tmp", X.shape, X.dtype)
-    xp.multiply(Y, Y, out=sq)
-    var = sq.mean(axis=axes)                                     # two-pass: no cancellation
-    inv_std = 1.0 / xp.sqrt(var + a.epsilon)
-    Y *= (scale * inv_std).reshape(bshape).astype(X.dtype, copy=False)
-    Y += bias.reshape(bshape).astype(X.dtype, copy=False)
+    stats = bn.batch_stats(xp, X, a.order, ctx.scratch)
+    m = stats.m
+    inv_std = 1.0 / xp.sqrt(stats.var + a.epsilon)
+    mean = _vec(xp, stats.mean, dt)
+    bn.normalize(xp, X, a.order, mean, _vec(xp, scale * inv_std, dt), _vec(xp, bias, dt), Y,
+                 relu)
     # The running stats share the input blobs (enforce_inplace), so compute before writing.
-    new_mean = a.momentum * running_mean + (1.0 - a.momentum) * mean
-    new_var = a.momentum * running_var + (1.0 - a.momentum) * var * (m / (m - 1))
+    new_mean = a.momentum * running_mean + (1.0 - a.momentum) * stats.mean
+    new_var = a.momentum * running_var + (1.0 - a.momentum) * stats.var * (m / (m - 1))
     ctx.output(1, running_mean.shape, running_mean.dtype)[...] = new_mean
     ctx.output(2, running_var.shape, running_var.dtype)[...] = new_var
-    ctx.output(3, mean.shape, X.dtype)[...] = mean
-    ctx.output(4, mean.shape, X.dtype)[...] = inv_std
+    ctx.output(3, mean.shape, dt)[...] = mean
+    ctx.output(4, mean.shape, dt)[...] = inv_std
+
+
+def _vec(xp, v, dtype):
+    """A per-channel vector as a contiguous array of `dtype` (what the kernels take)."""
+    return xp.ascontiguousarray(v.astype(dtype, copy=False))
 
 
 def _bn_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
@@ -130,27 +136,26 @@ register_schema(
 
 @register_kernel("SpatialBNGradient")
 def spatial_bn_gradient(ctx, X, scale, mean, inv_std, dY):
+    _bn_backward(ctx, X, scale, mean, inv_std, dY, None)
+
+
+def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
+    """SpatialBNGradient's outputs; given Y (BN + ReLU's output) dY is first masked by Y > 0."""
     xp, a = ctx.xp, ctx.args
-    axes, bshape = _per_channel(X, a.order)
+    dt = X.dtype
     m = X.size // scale.size
     if a.is_test:
-        inv_std = 1.0 / xp.sqrt(inv_std + a.epsilon)  # input 3 is the running variance
-    dX = ctx.output(0, X.shape, X.dtype)
-    dbias = dY.sum(axis=axes)
-    xp.subtract(X, mean.reshape(bshape).astype(X.dtype, copy=False), out=dX)  # X − μ
-    tmp = ctx.scratch("norm.tmp", X.shape, X.dtype)
-    xp.multiply(dX, dY, out=tmp)
-    dscale = tmp.sum(axis=axes) * inv_std
+        inv_std = 1.0 / xp.sqrt(inv_std.astype("float64") + a.epsilon)  # input 3 is the var
+    mean = _vec(xp, mean, dt)
+    sums = bn.gradient_sums(xp, X, mean, dY, Y, a.order, ctx.scratch)   # Σ g, Σ (x − μ)·g
+    dbias, dscale = sums[0], sums[1] * inv_std
     ctx.output(1, scale.shape, scale.dtype)[...] = dscale
     ctx.output(2, scale.shape, scale.dtype)[...] = dbias
-    if a.is_test:
-        xp.multiply(dY, (scale * inv_std).reshape(bshape).astype(X.dtype, copy=False), out=dX)
-        return
-    # dX = scale·inv_std · (dY − dbias/M − (X − μ)·inv_std·dscale/M)
-    dX *= (inv_std * dscale / m).reshape(bshape).astype(X.dtype, copy=False)
-    xp.subtract(dY, dX, out=dX)
-    dX -= (dbias / m).reshape(bshape).astype(X.dtype, copy=False)
-    dX *= (scale * inv_std).reshape(bshape).astype(X.dtype, copy=False)
+    # dX = scale·inv_std · (g − dbias/M − (X − μ)·inv_std·dscale/M)  (is_test: g·scale·inv_std)
+    dX = ctx.output(0, X.shape, dt)
+    bn.gradient_input(xp, X, mean, dY, Y, a.order, _vec(xp, inv_std * dscale / m, dt),
+                      _vec(xp, dbias / m, dt), _vec(xp, scale * inv_std, dt), bool(a.is_test),
+                      dX, ctx.scratch)
 
 
 @register_gradient("SpatialBN")
@@ -159,6 +164,58 @@ def _spatial_bn_grad(g):
     stats = [g.I(3), g.I(4)] if g.args.get("is_test", 0) else [g.O(3), g.O(4)]
     return [g.op("SpatialBNGradient", [g.I(0), g.I(1), *stats, g.GO(0)],
                  [g.GI(0), g.GI(1), g.GI(2)], **args)]
+
+
+# SpatialBNRelu: SpatialBN then ReLU in the same passes (a bind-time fusion's target) ------
+register_schema(
+    "SpatialBNRelu", inputs=5, outputs=(1, 5),
+    input_names=("X", "scale", "bias", "running_mean", "running_var"),
+    output_names=("Y", "running_mean", "running_var", "saved_mean", "saved_inv_std"),
+    args=_BN_ARGS, enforce_inplace=((3, 1), (4, 2)), shape_fn=_bn_shape, cost_fn=input_cost(8),
+    check_fn=_bn_check, non_differentiable=(3, 4), family="norm",
+    doc="Y = max(SpatialBN(X), 0): SpatialBN (same arguments, inputs and outputs, training "
+        "and is_test) followed by Relu, the ReLU applied as Y is written.")
+
+
+@register_kernel("SpatialBNRelu")
+def spatial_bn_relu(ctx, X, scale, bias, running_mean, running_var):
+    _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu=True)
+
+
+def _bn_relu_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    if tuple(ins[5].shape) != tuple(ins[0].shape):
+        raise ShapeError(f"SpatialBNReluGradient: Y has shape {ins[5]} but X has shape "
+                         f"{ins[0]}")
+    return _bn_grad_shape(args, ins[:5])
+
+
+register_schema(
+    "SpatialBNReluGradient", inputs=6, outputs=3,
+    input_names=("X", "scale", "saved_mean", "saved_inv_std", "dY", "Y"),
+    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER],
+    shape_fn=_bn_relu_grad_shape, cost_fn=input_cost(10), family="norm",
+    doc="SpatialBNGradient of dY·(Y > 0), Y being SpatialBNRelu's output (the ReLU's mask): "
+        "the inputs of SpatialBNGradient, then Y; the same outputs.")
+
+
+@register_kernel("SpatialBNReluGradient")
+def spatial_bn_relu_gradient(ctx, X, scale, mean, inv_std, dY, Y):
+    _bn_backward(ctx, X, scale, mean, inv_std, dY, Y)
+
+
+@register_gradient("SpatialBNRelu")
+def _spatial_bn_relu_grad(g):
+    args = g.copy_args("is_test", "epsilon", "order")
+    stats = [g.I(3), g.I(4)] if g.args.get("is_test", 0) else [g.O(3), g.O(4)]
+    return [g.op("SpatialBNReluGradient", [g.I(0), g.I(1), *stats, g.GO(0), g.O(0)],
+                 [g.GI(0), g.GI(1), g.GI(2)], **args)]
+
+
+@register_preparer("SpatialBN", "SpatialBNGradient", "SpatialBNRelu", "SpatialBNReluGradient")
+def _prepare(ctx) -> None:
+    """Load the compiled float32 kernels at bind time (not in the first iteration)."""
+    if jit.enabled(ctx.xp):
+        jit_bn.prepare("float32")
 
 
 # LRN -------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""SpatialBN and its gradient on the GPU: fused elementwise kernels around per-channel sums.
+"""SpatialBN, SpatialBNRelu and their gradients on the GPU: fused elementwise kernels around
+per-channel sums.
 
 X is seen as (outer, C, inner): (N, C, H·W) for NCHW, (N·H·W, C, 1) for NHWC. Per-channel
 sums reduce the inner axis, then the outer one (two cupy.sum calls into scratch: long
@@ -61,15 +62,21 @@ __global__ void bn_finish_stats(const T* mean, const T* sqsum, const T* scale,
   }
 }
 
+// max(v, 0) when relu (SpatialBNRelu); NaN stays NaN, as on the CPU.
+template <typename T>
+__device__ __forceinline__ T bn_relu(T v, int relu) {
+  return (relu && v <= (T)0) ? (T)0 : v;
+}
+
 // y = (x − mean[c])·k[c] + bias[c]
 template <typename T>
 __global__ void bn_normalize(const T* x, const T* mean, const T* k, const T* bias, T* y,
-                             long long total, int c, long long inner) {
+                             long long total, int c, long long inner, int relu) {
   KERNEL_LOOP(i, total) {
     int ch = channel(i, c, inner);
     T v = x[i] - mean[ch];
     v = v * k[ch];
-    y[i] = v + bias[ch];
+    y[i] = bn_relu(v + bias[ch], relu);
   }
 }
 
@@ -77,12 +84,20 @@ __global__ void bn_normalize(const T* x, const T* mean, const T* k, const T* bia
 template <typename T>
 __global__ void bn_inference(const T* x, const T* scale, const T* bias, const T* mean,
                              const T* var, T* y, long long total, int c, long long inner,
-                             T epsilon) {
+                             T epsilon, int relu) {
   KERNEL_LOOP(i, total) {
     int ch = channel(i, c, inner);
     T s = scale[ch] / sqrt(var[ch] + epsilon);
     T v = x[i] * s;
-    y[i] = v + (bias[ch] - mean[ch] * s);
+    y[i] = bn_relu(v + (bias[ch] - mean[ch] * s), relu);
+  }
+}
+
+// SpatialBNReluGradient's g = dy·(y > 0): dy·1 or dy·0, so NaN stays NaN as on the CPU.
+template <typename T>
+__global__ void bn_relu_mask(const T* dy, const T* y, T* g, long long total) {
+  KERNEL_LOOP(i, total) {
+    g[i] = dy[i] * (y[i] > (T)0 ? (T)1 : (T)0);
   }
 }
 
@@ -123,7 +138,8 @@ __global__ void bn_backward(const T* x, const T* mean, const T* dy, const T* coe
 }
 """, instances("bn_centered", REALS) + instances("bn_finish_stats", REALS)
      + instances("bn_normalize", REALS) + instances("bn_inference", REALS)
-     + instances("bn_finish_grad", REALS) + instances("bn_backward", REALS))
+     + instances("bn_finish_grad", REALS) + instances("bn_backward", REALS)
+     + instances("bn_relu_mask", REALS))
 
 
 def _layout(X, order: str) -> tuple[int, int, int]:
@@ -158,6 +174,18 @@ def spatial_bn(ctx, X, scale, bias, running_mean, running_var):
     """Batch statistics (training) or running ones (is_test) per channel, then the affine map."""
     if not _same_dtype(X, scale, bias, running_mean, running_var):
         return norm_ops.spatial_bn(ctx, X, scale, bias, running_mean, running_var)
+    _forward(ctx, X, scale, bias, running_mean, running_var, 0)
+
+
+@register_kernel("SpatialBNRelu", backend="gpu")
+def spatial_bn_relu(ctx, X, scale, bias, running_mean, running_var):
+    """SpatialBN with the ReLU applied as Y is written."""
+    if not _same_dtype(X, scale, bias, running_mean, running_var):
+        return norm_ops.spatial_bn_relu(ctx, X, scale, bias, running_mean, running_var)
+    _forward(ctx, X, scale, bias, running_mean, running_var, 1)
+
+
+def _forward(ctx, X, scale, bias, running_mean, running_var, relu: int) -> None:
     xp, a = ctx.xp, ctx.args
     view = _layout(X, a.order)
     outer, c, inner = view
@@ -167,7 +195,7 @@ def spatial_bn(ctx, X, scale, bias, running_mean, running_var):
     if a.is_test:
         launch(SOURCE.function(xp, "bn_inference", t), X.size,
                (x, scale, bias, running_mean, running_var, Y, n) + dims
-               + (real(t, a.epsilon),))
+               + (real(t, a.epsilon), i32(relu)))
         return
     m = outer * inner
     stats = ctx.scratch("bn.stats", (3, c), t)          # mean, Σ(x − μ)², k
@@ -188,7 +216,7 @@ def spatial_bn(ctx, X, scale, bias, running_mean, running_var):
             real(t, a.epsilon), real(t, a.momentum), real(t, 1.0 - a.momentum),
             real(t, m / (m - 1))))
     launch(SOURCE.function(xp, "bn_normalize", t), X.size,
-           (x, saved_mean, stats[2], bias, Y, n) + dims)
+           (x, saved_mean, stats[2], bias, Y, n) + dims + (i32(relu),))
 
 
 @register_kernel("SpatialBNGradient", backend="gpu")
@@ -196,10 +224,27 @@ def spatial_bn_gradient(ctx, X, scale, mean, inv_std, dY):
     """dX, dscale, dbias (is_test: inputs 2 and 3 are the running mean and variance)."""
     if not _same_dtype(X, scale, mean, inv_std, dY):
         return norm_ops.spatial_bn_gradient(ctx, X, scale, mean, inv_std, dY)
+    _backward(ctx, X, scale, mean, inv_std, contiguous(ctx.xp, dY))
+
+
+@register_kernel("SpatialBNReluGradient", backend="gpu")
+def spatial_bn_relu_gradient(ctx, X, scale, mean, inv_std, dY, Y):
+    """SpatialBNGradient of g = dY·(Y > 0), g made by one kernel first."""
+    if not _same_dtype(X, scale, mean, inv_std, dY, Y):
+        return norm_ops.spatial_bn_relu_gradient(ctx, X, scale, mean, inv_std, dY, Y)
+    xp = ctx.xp
+    g = ctx.scratch("bn.masked", X.shape, X.dtype)
+    launch(SOURCE.function(xp, "bn_relu_mask", X.dtype), X.size,
+           (contiguous(xp, dY), contiguous(xp, Y), g, i64(X.size)))
+    _backward(ctx, X, scale, mean, inv_std, g)
+
+
+def _backward(ctx, X, scale, mean, inv_std, dy) -> None:
+    """dX, dscale, dbias from a contiguous dy (SpatialBNGradient's kernels)."""
     xp, a = ctx.xp, ctx.args
     view = _layout(X, a.order)
     outer, c, inner = view
-    x, dy, n, t = contiguous(xp, X), contiguous(xp, dY), i64(X.size), X.dtype
+    x, n, t = contiguous(xp, X), i64(X.size), X.dtype
     dims = (i32(c), i64(inner))
     sums = ctx.scratch("bn.grad_sums", (2, c), t)       # Σ dy, Σ (x − μ)·dy
     _channel_sum(ctx, dy, view, sums[0], "partial")

@@ -1,0 +1,241 @@
+"""Batch normalization (optionally followed by ReLU) on the CPU: statistics, normalization
+and gradients, compiled and threaded where the engine is there, NumPy otherwise.
+
+The compiled path (netrun.kernels.jit.batch_norm) makes two passes over X forward (the
+statistics, then Y) and two backward (the gradient sums, then dX), each cut into the fixed
+chunks of netrun.kernels.parallel along the outer axis: per-chunk float64 sums are added in
+chunk order by the chunks' commits, so the bits never depend on the thread count. The
+NumPy path computes the same quantities (float64 sums too, two-pass variance) for arrays
+of other modules (CuPy) and without the engine.
+
+Arrays are viewed as (outer, C, inner); see `view`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+import netrun.kernels.jit as jit
+import netrun.kernels.jit.batch_norm as jit_bn
+from netrun.kernels import parallel
+
+Scratch = Callable[..., Any]
+
+
+def view(shape: tuple[int, ...], order: str) -> tuple[int, int, int]:
+    """(outer, C, inner) of an N×C×… (NCHW) or N×…×C (NHWC) array."""
+    if order == "NHWC":
+        return math.prod(shape[:-1]), shape[-1], 1
+    return shape[0], shape[1], math.prod(shape[2:])
+
+
+def compiled(xp: Any, *arrays) -> bool:
+    """Whether the compiled kernels run for these arrays (engine on, NumPy, a built dtype)."""
+    return jit.enabled(xp) and all(a.dtype in jit_bn.DTYPES and a.dtype == arrays[0].dtype
+                                   for a in arrays)
+
+
+@dataclass
+class Stats:
+    """Per-channel batch statistics in float64: mean and biased variance over M values."""
+
+    mean: np.ndarray
+    var: np.ndarray
+    m: int
+
+
+def _as3(a, shape3):
+    return a.reshape(shape3)
+
+
+def _chunked_sums(xp, shape3, scratch: Scratch, fn) -> np.ndarray:
+    """(2, C) float64: the sum over the fixed chunks of fn(x-chunk slice, lanes, sums)."""
+    outer, c, inner = shape3
+    if _one_chunk(outer * c * inner):
+        sums = np.empty((2, c))
+        fn(0, outer, scratch("bn.lanes", (2, c, inner), "float64"), sums)
+        return sums
+    total = np.zeros((2, c))
+
+    def work(index, o0, o1):
+        lanes = parallel.chunk_scratch(scratch, index)("bn.lanes", (2, c, inner), "float64")
+        sums = np.empty((2, c))
+        fn(o0, o1, lanes, sums)
+
+        def commit() -> None:
+            total[...] += sums
+        return commit
+
+    parallel.chunks(xp, outer, work, work=outer * c * inner)
+    return total
+
+
+def _each_chunk(xp, shape3, fn) -> None:
+    """fn(o0, o1) over the fixed chunks of the outer axis, on the worker threads."""
+    outer, c, inner = shape3
+    if _one_chunk(outer * c * inner):
+        fn(0, outer)
+    else:
+        parallel.chunks(xp, outer, lambda _i, o0, o1: fn(o0, o1), work=outer * c * inner)
+
+
+def _one_chunk(work: int) -> bool:
+    """Whether parallel.chunks would make one chunk of this work whatever n is (its rule),
+    so that the call can skip the hand-off machinery: batch-1 inference is per-op overhead."""
+    return work < 2 * parallel.MIN_ELEMENTS
+
+
+# Forward ------------------------------------------------------------------------------------
+def batch_stats(xp, X, order: str, scratch: Scratch) -> Stats:
+    """Mean and biased variance of each channel of X (float64 arrays of xp)."""
+    shape3 = view(X.shape, order)
+    outer, c, inner = shape3
+    m = outer * inner
+    if compiled(xp, X):
+        x = _as3(np.ascontiguousarray(X), shape3)
+        # any value of each channel, the same on every thread count: the first one
+        shift = x[0, :, 0].astype(np.float64)
+        s = _chunked_sums(xp, shape3, scratch,
+                          lambda o0, o1, lanes, sums: jit_bn.stats(x[o0:o1], shift, lanes, sums))
+        mean_shifted = s[0] / m
+        var = np.maximum(s[1] / m - mean_shifted * mean_shifted, 0.0)
+        return Stats(mean_shifted + shift, var, m)
+    x = X.reshape(shape3)
+    mean = _channel_sum(x) / m
+    centred = scratch("bn.centred", shape3, X.dtype)              # two-pass: no cancellation
+    xp.subtract(x, mean.astype(X.dtype).reshape(1, c, 1), out=centred)
+    xp.multiply(centred, centred, out=centred)
+    return Stats(mean, _channel_sum(centred) / m, m)
+
+
+def _channel_sum(a3):
+    """(C,) float64 sums of an (outer, C, inner) array of xp: each row summed in a's dtype
+    (NumPy sums a contiguous row pairwise), the rows then in float64."""
+    rows = a3.sum(axis=2) if a3.shape[2] > 1 else a3[:, :, 0]
+    return rows.sum(axis=0, dtype=np.float64)
+
+
+def normalize(xp, X, order: str, mean, k, bias, Y, relu: bool) -> None:
+    """Y = (X − mean)·k + bias per channel (vectors of X's dtype; mean None: X·k + bias),
+    then max(Y, 0) if relu."""
+    if mean is None and compiled(xp, X):
+        mean = np.zeros(k.shape, X.dtype)   # X − 0 is X exactly
+    shape3 = view(X.shape, order)
+    c = shape3[1]
+    if compiled(xp, X, Y, mean, k, bias):
+        x, y = _as3(np.ascontiguousarray(X), shape3), _as3(Y, shape3)
+        _each_chunk(xp, shape3, lambda o0, o1: jit_bn.normalize(x[o0:o1], mean, k, bias,
+                                                                y[o0:o1], relu))
+        return
+    b = (1, c, 1)
+    y = Y.reshape(shape3)
+    if mean is None:
+        xp.multiply(X.reshape(shape3), k.reshape(b), out=y)
+    else:
+        xp.subtract(X.reshape(shape3), mean.reshape(b), out=y)
+        y *= k.reshape(b)
+    y += bias.reshape(b)
+    if relu:
+        xp.maximum(y, 0, out=y)
+
+
+def inference(xp, X, order: str, scale, bias, mean, var, epsilon: float, Y,
+              relu: bool) -> bool:
+    """is_test's Y = X·s + (bias − mean·s), s = scale/√(var + ε) (then max(Y, 0) if relu),
+    per-channel terms included, in one compiled call per chunk: batch-1 inference pays no
+    per-channel NumPy calls. False (nothing done) where the compiled kernels do not apply."""
+    if not compiled(xp, X, Y, scale, bias, mean, var):
+        return False
+    shape3 = view(X.shape, order)
+    x, y = _as3(np.ascontiguousarray(X), shape3), _as3(Y, shape3)
+    vecs = [np.ascontiguousarray(v) for v in (scale, bias, mean, var)]
+    _each_chunk(xp, shape3, lambda o0, o1: jit_bn.inference(x[o0:o1], *vecs, epsilon,
+                                                            y[o0:o1], relu))
+    return True
+
+
+# Backward -----------------------------------------------------------------------------------
+def gradient_sums(xp, X, mean, dY, Y, order: str, scratch: Scratch) -> np.ndarray:
+    """(2, C) float64 array of xp: Σ g and Σ (X − mean)·g per channel, g = dY, or
+    dY·(Y > 0) given Y."""
+    shape3 = view(X.shape, order)
+    c = shape3[1]
+    relu = Y is not None
+    if compiled(xp, X, mean, dY, *([Y] if relu else [])):
+        x, dy = _as3(np.ascontiguousarray(X), shape3), _as3(np.ascontiguousarray(dY), shape3)
+        y = _as3(np.ascontiguousarray(Y), shape3) if relu else dy
+        return _chunked_sums(xp, shape3, scratch, lambda o0, o1, lanes, sums: jit_bn.gradient_sums(
+            x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, lanes, sums))
+    g = dY.reshape(shape3)
+    if relu:
+        g = _masked(xp, g, Y.reshape(shape3), scratch("bn.masked", shape3, dY.dtype))
+    centred = scratch("bn.centred", shape3, X.dtype)
+    xp.subtract(X.reshape(shape3), mean.reshape(1, c, 1), out=centred)
+    centred *= g
+    return xp.stack([_channel_sum(g), _channel_sum(centred)])
+
+
+def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX,
+                   scratch: Scratch) -> None:
+    """dX = ((g − (X − mean)·a) − b)·k per channel, or g·k if is_test; g as in
+    gradient_sums (vectors of X's dtype)."""
+    shape3 = view(X.shape, order)
+    c = shape3[1]
+    relu = Y is not None
+    if compiled(xp, X, mean, dY, dX, a, b, k, *([Y] if relu else [])):
+        x, dy = _as3(np.ascontiguousarray(X), shape3), _as3(np.ascontiguousarray(dY), shape3)
+        y = _as3(np.ascontiguousarray(Y), shape3) if relu else dy
+        dx = _as3(dX, shape3)
+        _each_chunk(xp, shape3, lambda o0, o1: jit_bn.gradient_input(
+            x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, a, b, k, is_test, dx[o0:o1]))
+        return
+    bs = (1, c, 1)
+    dx = dX.reshape(shape3)
+    g = dY.reshape(shape3)
+    if relu:
+        g = _masked(xp, g, Y.reshape(shape3), scratch("bn.masked", shape3, dY.dtype))
+    if is_test:
+        xp.multiply(g, k.reshape(bs), out=dx)
+        return
+    xp.subtract(X.reshape(shape3), mean.reshape(bs), out=dx)
+    dx *= a.reshape(bs)
+    xp.subtract(g, dx, out=dx)
+    dx -= b.reshape(bs)
+    dx *= k.reshape(bs)
+
+
+def _masked(xp, dy, y, out):
+    """out = dy·(y > 0) (NaN·0 stays NaN, as in ReluGradient)."""
+    xp.multiply(dy, y > 0, out=out)
+    return out
+
+
+# ReLU -----------------------------------------------------------------------------------------
+def relu(xp, X, Y) -> None:
+    """Y = max(X, 0) (Y may be X), on the worker threads when compiled."""
+    if compiled(xp, X, Y) and X.flags.c_contiguous and Y.flags.c_contiguous:
+        x, y = X.reshape(-1), Y.reshape(-1)
+        _flat_chunks(xp, x.size, lambda i0, i1: jit_bn.relu(x[i0:i1], y[i0:i1]))
+        return
+    xp.maximum(X, 0, out=Y)
+
+
+def relu_gradient(xp, Y, dY, dX) -> None:
+    """dX = dY·(Y > 0) (dX may be dY), on the worker threads when compiled."""
+    if (compiled(xp, Y, dY, dX) and Y.flags.c_contiguous and dY.flags.c_contiguous
+            and dX.flags.c_contiguous):
+        y, dy, dx = Y.reshape(-1), dY.reshape(-1), dX.reshape(-1)
+        _flat_chunks(xp, y.size, lambda i0, i1: jit_bn.relu_gradient(y[i0:i1], dy[i0:i1],
+                                                                     dx[i0:i1]))
+        return
+    xp.multiply(dY, Y > 0, out=dX)
+
+
+def _flat_chunks(xp, n: int, fn) -> None:
+    if _one_chunk(n):
+        fn(0, n)
+    else:
+        parallel.chunks(xp, n, lambda _i, i0, i1: fn(i0, i1), work=n)

@@ -1,0 +1,167 @@
+"""Compiled batch normalization and ReLU: one memory pass per step instead of NumPy's five.
+
+Arrays are seen as (outer, C, inner): (N, C, H·W) for NCHW, (N·H·W, C, 1) for NHWC; a call
+gets one chunk of the outer axis (netrun.kernels.parallel cuts it). Per-channel sums are
+two-level and in float64: every (channel, inner position) has a lane that adds its column
+over the chunk's rows in row order (a loop LLVM vectorizes, since no sum is reassociated),
+then each channel adds its lanes in order. The bits therefore depend on the chunk only,
+never on the loop order or the thread count. The statistics pass sums x − shift and its
+square in one pass; the shift (a value of the channel) keeps the variance
+E[(x−s)²] − E[x−s]² free of the cancellation that E[x²] − E[x]² suffers when |mean| ≫ std.
+
+`relu` masks multiply (dy·1 or dy·0, as ReluGradient's dY·(Y > 0)), so a NaN gradient
+stays NaN whether or not BN and ReLU are fused.
+
+Indices are unsigned (U) so that LLVM vectorizes the inner loops (see netrun.kernels.jit).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from netrun.kernels.jit import kernel
+
+# Both float dtypes: the kernels are small, and float64 lets gradient checks run them too.
+DTYPES = (np.dtype("float32"), np.dtype("float64"))
+U = np.uint64
+
+
+# A memo of what is compiled (never changes once done): Numba parses the signatures again
+# on every compile() call, 3 ms each time, which an op bound per run would pay.
+@functools.cache
+def prepare(dtype: str = "float32") -> None:
+    """Compile (or load from Numba's disk cache) every kernel here for `dtype` arrays."""
+    x3, v, lanes = f"{dtype}[:, :, ::1]", f"{dtype}[::1]", "float64[:, :, ::1]"
+    flat, f64v, sums = f"{dtype}[::1]", "float64[::1]", "float64[:, ::1]"
+    stats.prepare(f"void({x3}, {f64v}, {lanes}, {sums})")
+    normalize.prepare(f"void({x3}, {v}, {v}, {v}, {x3}, boolean)")
+    inference.prepare(f"void({x3}, {v}, {v}, {v}, {v}, float64, {x3}, boolean)")
+    gradient_sums.prepare(f"void({x3}, {v}, {x3}, {x3}, boolean, {lanes}, {sums})")
+    gradient_input.prepare(f"void({x3}, {v}, {x3}, {x3}, boolean, {v}, {v}, {v}, boolean, "
+                           f"{x3})")
+    relu.prepare(f"void({flat}, {flat})")
+    relu_gradient.prepare(f"void({flat}, {flat}, {flat})")
+
+
+@kernel
+def _fold_lanes(lanes, sums):
+    """sums[k, c] = Σ_i lanes[k, c, i], in order."""
+    for k in range(lanes.shape[0]):
+        for c in range(lanes.shape[1]):
+            s = 0.0
+            for i in range(lanes.shape[2]):
+                s += lanes[k, c, i]
+            sums[k, c] = s
+
+
+@kernel
+def stats(x, shift, lanes, sums):
+    """sums[0, c] = Σ (x − shift[c]), sums[1, c] = Σ (x − shift[c])² over the chunk x
+    (outer, C, inner), in float64; lanes (2, C, inner) float64 is scratch."""
+    o_n, c_n, i_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2])
+    lanes[:] = 0.0
+    for o in range(o_n):
+        for c in range(c_n):
+            s = shift[c]
+            for i in range(i_n):
+                d = np.float64(x[o, c, i]) - s
+                lanes[0, c, i] += d
+                lanes[1, c, i] += d * d
+    _fold_lanes(lanes, sums)
+
+
+@kernel
+def normalize(x, mean, k, bias, y, relu):
+    """y = (x − mean[c])·k[c] + bias[c], then max(y, 0) if relu (x's dtype throughout)."""
+    o_n, c_n, i_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2])
+    zero = x.dtype.type(0)
+    for o in range(o_n):
+        for c in range(c_n):
+            m, kc, b = mean[c], k[c], bias[c]
+            if relu:
+                for i in range(i_n):
+                    v = (x[o, c, i] - m) * kc + b
+                    # `not v <= 0` keeps NaN, as np.maximum does
+                    y[o, c, i] = v if not v <= zero else zero
+            else:
+                for i in range(i_n):
+                    y[o, c, i] = (x[o, c, i] - m) * kc + b
+
+
+@kernel
+def inference(x, scale, bias, mean, var, epsilon, y, relu):
+    """y = x·s[c] + (bias[c] − mean[c]·s[c]), s = scale/√(var + ε), then max(y, 0) if relu:
+    is_test's map, per-channel terms included, in x's dtype (NumPy's rounding: each
+    operation is IEEE-exact in that dtype, so the bits are those of the NumPy path)."""
+    o_n, c_n, i_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2])
+    zero, eps = x.dtype.type(0), x.dtype.type(epsilon)
+    for c in range(c_n):
+        s = scale[c] / np.sqrt(var[c] + eps)
+        shift = bias[c] - mean[c] * s
+        for o in range(o_n):
+            if relu:
+                for i in range(i_n):
+                    v = x[o, c, i] * s + shift
+                    y[o, c, i] = v if not v <= zero else zero
+            else:
+                for i in range(i_n):
+                    y[o, c, i] = x[o, c, i] * s + shift
+
+
+@kernel
+def gradient_sums(x, mean, dy, y, relu, lanes, sums):
+    """sums[0, c] = Σ g, sums[1, c] = Σ (x − mean[c])·g in float64, g = dy, or dy·(y > 0)
+    if relu; lanes (2, C, inner) float64 is scratch (y is not read without relu)."""
+    o_n, c_n, i_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2])
+    lanes[:] = 0.0
+    for o in range(o_n):
+        for c in range(c_n):
+            m = np.float64(mean[c])
+            if relu:
+                for i in range(i_n):
+                    g = np.float64(dy[o, c, i]) * (1.0 if y[o, c, i] > 0 else 0.0)
+                    lanes[0, c, i] += g
+                    lanes[1, c, i] += (np.float64(x[o, c, i]) - m) * g
+            else:
+                for i in range(i_n):
+                    g = np.float64(dy[o, c, i])
+                    lanes[0, c, i] += g
+                    lanes[1, c, i] += (np.float64(x[o, c, i]) - m) * g
+    _fold_lanes(lanes, sums)
+
+
+@kernel
+def gradient_input(x, mean, dy, y, relu, a, b, k, is_test, dx):
+    """dx = ((g − (x − mean[c])·a[c]) − b[c])·k[c], or g·k[c] if is_test; g as in
+    gradient_sums (x's dtype throughout)."""
+    o_n, c_n, i_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2])
+    one, zero = x.dtype.type(1), x.dtype.type(0)
+    for o in range(o_n):
+        for c in range(c_n):
+            m, ac, bc, kc = mean[c], a[c], b[c], k[c]
+            for i in range(i_n):
+                g = dy[o, c, i]
+                if relu:
+                    g = g * (one if y[o, c, i] > zero else zero)
+                if is_test:
+                    dx[o, c, i] = g * kc
+                else:
+                    dx[o, c, i] = ((g - (x[o, c, i] - m) * ac) - bc) * kc
+
+
+@kernel
+def relu(x, y):
+    """y = max(x, 0) over flat arrays (NaN stays NaN); y may be x."""
+    zero = x.dtype.type(0)
+    for i in range(U(x.shape[0])):
+        v = x[i]
+        y[i] = v if not v <= zero else zero
+
+
+@kernel
+def relu_gradient(y, dy, dx):
+    """dx = dy·(y > 0) over flat arrays (NaN·0 stays NaN, as in NumPy); dx may be dy."""
+    one, zero = dy.dtype.type(1), dy.dtype.type(0)
+    for i in range(U(y.shape[0])):
+        dx[i] = dy[i] * (one if y[i] > zero else zero)

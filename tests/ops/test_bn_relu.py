@@ -1,0 +1,244 @@
+"""SpatialBNRelu and the compiled BN/ReLU passes (netrun.kernels.batch_norm): finite
+differences (float64), PyTorch (BatchNorm + ReLU, float32), the fused op against SpatialBN
+then Relu, both engines against each other, and the same bits on any thread count."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netrun
+from netrun.core.schema import TensorSpec
+from netrun.core.shape_inference import infer_op
+from netrun.errors import ShapeError
+from netrun.kernels import jit, parallel
+from tests.checks import F, checks_ops, requires_torch, torch
+from tests.opcheck import check_gradient, netrun_forward_backward, run_op
+
+BN_IN = ["X", "scale", "bias", "rm", "rv"]
+TRAIN_OUT = ["Y", "rm", "rv", "saved_mean", "saved_inv_std"]
+ENGINES = ["compiled", "numpy"]
+needs_numba = pytest.mark.skipif(not jit.available(), reason="Numba is not installed")
+
+
+def _engine(name: str):
+    """A context for the engine: the compiled kernels (skipped without Numba), or NumPy."""
+    if name == "compiled":
+        if not jit.available():
+            pytest.skip("Numba is not installed")
+        return _Nothing()
+    return jit.disabled()
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _inputs(rng, shape, order, dtype=np.float64, offset=1.0):
+    c = shape[1] if order == "NCHW" else shape[-1]
+    return {"X": (rng.standard_normal(shape) * 2 + offset).astype(dtype),
+            "scale": rng.uniform(0.5, 1.5, c).astype(dtype),
+            "bias": rng.standard_normal(c).astype(dtype),
+            "rm": rng.standard_normal(c).astype(dtype),
+            "rv": rng.uniform(0.5, 2.0, c).astype(dtype)}
+
+
+def _nchw(x, order):
+    return x if order == "NCHW" else np.moveaxis(x, -1, 1)
+
+
+def _bn_relu(order="NCHW", is_test=0, **kw):
+    outs = ["Y"] if is_test else TRAIN_OUT
+    return netrun.op("SpatialBNRelu", BN_IN, outs, order=order, is_test=is_test, **kw)
+
+
+# Finite differences ---------------------------------------------------------------------------
+@checks_ops("SpatialBNRelu", kind="finite_differences")
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("order,shape", [("NCHW", (2, 3, 2, 2)), ("NHWC", (2, 2, 3, 3)),
+                                         ("NCHW", (4, 2))])
+@pytest.mark.parametrize("is_test", [0, 1])
+def test_spatial_bn_relu_gradient(engine, order, shape, is_test):
+    inputs = _inputs(np.random.default_rng(7), shape, order, offset=0.0)
+    op = _bn_relu(order, is_test, epsilon=1e-3)
+    with _engine(engine):
+        y = run_op(op, inputs)[0]
+        assert (y == 0).any() and (y > 0).any()     # both sides of the ReLU are checked
+        assert np.abs(y[y != 0]).min() > 1e-4       # no kink within the differences' step
+        check_gradient(op, inputs, check=["X", "scale", "bias"], outputs=[0], atol=1e-5,
+                       rtol=1e-4)
+
+
+# PyTorch ----------------------------------------------------------------------------------------
+@checks_ops("SpatialBNRelu", kind="torch_gradient")
+@requires_torch
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("is_test", [0, 1])
+def test_spatial_bn_relu_matches_torch(engine, order, is_test):
+    rng = np.random.default_rng(1)
+    shape = (8, 3, 5, 6) if order == "NCHW" else (8, 5, 6, 3)
+    inp = _inputs(rng, shape, order, np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    op = _bn_relu(order, is_test, momentum=0.9, epsilon=1e-5)
+    with _engine(engine):
+        outs, grads = netrun_forward_backward(op, inp, dy)
+
+    x = torch.tensor(_nchw(inp["X"], order), requires_grad=True)
+    w = torch.tensor(inp["scale"], requires_grad=True)
+    b = torch.tensor(inp["bias"], requires_grad=True)
+    rm, rv = torch.tensor(inp["rm"]), torch.tensor(inp["rv"])
+    # torch's momentum weighs the batch: torch 0.1 is Caffe2's 0.9.
+    y = F.relu(F.batch_norm(x, rm, rv, w, b, training=not is_test, momentum=0.1, eps=1e-5))
+    y.backward(torch.tensor(_nchw(dy, order)))
+
+    tol = {"rtol": 1e-4, "atol": 1e-4}
+    np.testing.assert_allclose(_nchw(outs[0], order), y.detach().numpy(), **tol)
+    if not is_test:
+        np.testing.assert_allclose(outs[1], rm.numpy(), **tol)
+        np.testing.assert_allclose(outs[2], rv.numpy(), **tol)
+    np.testing.assert_allclose(_nchw(grads["X"], order), x.grad.numpy(), **tol)
+    np.testing.assert_allclose(grads["scale"], w.grad.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(grads["bias"], b.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+# Fused = SpatialBN then Relu, bit for bit ------------------------------------------------------
+def _unfused_and_fused(inp, dy, order, is_test):
+    outs = ["Y0"] if is_test else ["Y0", "rm", "rv", "sm", "si"]
+    net = [netrun.op("SpatialBN", BN_IN, outs, order=order, is_test=is_test),
+           netrun.op("Relu", ["Y0"], ["Y"])]
+    ws = netrun.Workspace("cpu")
+    for k, v in inp.items():
+        ws.feed_blob(k, v)
+    for o in net:
+        ws.run_operator_once(o)
+    stats = ["rm", "rv"] if is_test else ["sm", "si"]
+    ws.feed_blob("dY", dy)
+    for o in (netrun.op("ReluGradient", ["Y", "dY"], ["dY0"]),
+              netrun.op("SpatialBNGradient", ["X", "scale", *stats, "dY0"], ["dX", "ds", "db"],
+                        order=order, is_test=is_test)):
+        ws.run_operator_once(o)
+    unfused = [ws.fetch_blob(n) for n in ("Y", "dX", "ds", "db")]
+
+    ws = netrun.Workspace("cpu")
+    for k, v in inp.items():
+        ws.feed_blob(k, v)
+    fused_outs = ["Y"] if is_test else ["Y", "rm", "rv", "sm", "si"]
+    ws.run_operator_once(netrun.op("SpatialBNRelu", BN_IN, fused_outs, order=order,
+                                   is_test=is_test))
+    ws.feed_blob("dY", dy)
+    ws.run_operator_once(netrun.op("SpatialBNReluGradient", ["X", "scale", *stats, "dY", "Y"],
+                                   ["dX", "ds", "db"], order=order, is_test=is_test))
+    return unfused, [ws.fetch_blob(n) for n in ("Y", "dX", "ds", "db")]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("is_test", [0, 1])
+def test_fused_is_spatial_bn_then_relu_bit_for_bit(engine, order, is_test):
+    rng = np.random.default_rng(3)
+    shape = (4, 3, 5, 5) if order == "NCHW" else (4, 5, 5, 3)
+    inp = _inputs(rng, shape, order, np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    dy.reshape(-1)[::7] = np.nan      # NaN·0 stays NaN through the mask in both
+    with _engine(engine):
+        unfused, fused = _unfused_and_fused(inp, dy, order, is_test)
+    for name, u, f in zip(("Y", "dX", "dscale", "dbias"), unfused, fused):
+        np.testing.assert_array_equal(f, u, err_msg=name)
+
+
+def test_gradient_maker_makes_the_fused_gradient():
+    op = _bn_relu()
+    grad_ops, grad_of = netrun.gradient_ops(op)
+    assert [g.type for g in grad_ops] == ["SpatialBNReluGradient"]
+    assert list(grad_ops[0].inputs) == ["X", "scale", "saved_mean", "saved_inv_std", "Y_grad",
+                                        "Y"]
+    assert grad_of["rm"] is None and grad_of["rv"] is None
+    (g,), _ = netrun.gradient_ops(_bn_relu(is_test=1))
+    assert list(g.inputs)[2:4] == ["rm", "rv"] and dict(g.args)["is_test"] == 1
+
+
+def test_fused_shapes_and_errors():
+    c, x = TensorSpec((3,)), TensorSpec((8, 3, 5, 5))
+    assert [s.shape for s in infer_op(_bn_relu(), [x, c, c, c, c]).outputs] == [
+        (8, 3, 5, 5), (3,), (3,), (3,), (3,)]
+    grad = netrun.op("SpatialBNReluGradient", ["X", "s", "m", "i", "dY", "Y"], ["dX", "ds", "db"])
+    assert [s.shape for s in infer_op(grad, [x, c, c, c, x, x]).outputs] == [
+        (8, 3, 5, 5), (3,), (3,)]
+    with pytest.raises(ShapeError, match="Y has shape 8×3×5×4 but X has shape 8×3×5×5"):
+        infer_op(grad, [x, c, c, c, x, TensorSpec((8, 3, 5, 4))])
+
+
+# The engines agree; the compiled passes ignore the thread count ------------------------------
+def _run_all(inp, dy, order, is_test):
+    op = _bn_relu(order, is_test) if is_test else netrun.op("SpatialBN", BN_IN, TRAIN_OUT,
+                                                            order=order)
+    outs, grads = netrun_forward_backward(op, inp, dy)
+    relu = run_op(netrun.op("Relu", ["X"], ["Y"]), {"X": inp["X"]})
+    relu_grad = run_op(netrun.op("ReluGradient", ["X", "dY"], ["dX"]), {"X": inp["X"], "dY": dy})
+    return outs + [grads["X"], grads["scale"], grads["bias"]] + relu + relu_grad
+
+
+@needs_numba
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("is_test", [0, 1])
+def test_compiled_and_numpy_engines_agree(order, is_test):
+    rng = np.random.default_rng(5)
+    shape = (16, 4, 6, 7) if order == "NCHW" else (16, 6, 7, 4)
+    inp = _inputs(rng, shape, order, np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    compiled = _run_all(inp, dy, order, is_test)
+    with jit.disabled():
+        plain = _run_all(inp, dy, order, is_test)
+    for i, (a, b) in enumerate(zip(compiled, plain)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=f"output {i}")
+    if is_test:   # the inference map: the same IEEE operations in the same order
+        np.testing.assert_array_equal(compiled[0], plain[0])
+    np.testing.assert_array_equal(compiled[-2], plain[-2])   # Relu: exact
+    np.testing.assert_array_equal(compiled[-1], plain[-1])   # ReluGradient: exact
+
+
+@needs_numba
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+def test_compiled_passes_give_the_same_bits_on_any_thread_count(order, monkeypatch):
+    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)      # several chunks even when small
+    monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
+    rng = np.random.default_rng(6)
+    shape = (16, 3, 5, 5) if order == "NCHW" else (16, 5, 5, 3)
+    inp = _inputs(rng, shape, order, np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    results = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(parallel, "thread_count", lambda t=threads: t)
+        results.append(_run_all(inp, dy, order, 0))
+    for other in results[1:]:
+        for i, (a, b) in enumerate(zip(results[0], other)):
+            np.testing.assert_array_equal(a, b, err_msg=f"output {i}")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_batch_statistics_keep_their_precision_far_from_zero(engine):
+    # mean 1000, std 0.01: E[x²] − E[x]² in float32 (or unshifted float64 lanes) loses it all
+    rng = np.random.default_rng(8)
+    x = (1000 + 0.01 * rng.standard_normal((32, 2, 16, 16))).astype(np.float32)
+    inp = {"X": x, "scale": np.ones(2, np.float32), "bias": np.zeros(2, np.float32),
+           "rm": np.zeros(2, np.float32), "rv": np.ones(2, np.float32)}
+    with _engine(engine):
+        outs = run_op(netrun.op("SpatialBN", BN_IN, TRAIN_OUT, epsilon=1e-12), inp)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(outs[3], x64.mean((0, 2, 3)), rtol=1e-7)
+    np.testing.assert_allclose(outs[4], 1 / np.sqrt(x64.var((0, 2, 3))), rtol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_relu_in_place_and_non_finite_values(engine):
+    x = np.array([[-1.0, 0.0, -0.0, 2.5, np.nan, np.inf, -np.inf, 1e-30]], np.float32)
+    dy = np.array([[1.0, 2.0, 3.0, np.nan, 5.0, 6.0, np.nan, 8.0]], np.float32)
+    with _engine(engine):
+        (y,) = run_op(netrun.op("Relu", ["X"], ["X"]), {"X": x})
+        (dx,) = run_op(netrun.op("ReluGradient", ["Y", "dY"], ["dY"]), {"Y": x, "dY": dy})
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    np.testing.assert_array_equal(dx, dy * (x > 0))
