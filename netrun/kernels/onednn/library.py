@@ -4,8 +4,8 @@ The engine is the `onednn-cpu-gomp` wheel's libdnnl.so.3, reached through its C 
 ctypes: nothing is compiled at install. It is looked for next to the running Python
 (sys.prefix/lib, where the wheel puts it), then on the loader's path. NETRUN_ONEDNN=off (or
 0/false/no) switches it off, so that tests and users can run the pure NumPy paths with the
-wheel installed. The library is loaded once per process, on first use: `import netrun` stays
-fast, and the OpenMP settings (netrun.kernels.onednn.threads) are in place before libgomp starts.
+wheel installed. The library is loaded once per process, on first use, so `import netrun`
+stays fast.
 """
 from __future__ import annotations
 
@@ -76,10 +76,6 @@ def require() -> ctypes.CDLL:
 
 
 def _load_once() -> None:
-    # OpenMP reads its environment when libgomp starts, which loading libdnnl does
-    from netrun.kernels.onednn import threads
-
-    threads.configure_environment()
     errors = []
     for path in candidates():
         if os.sep in path and not os.path.exists(path):

@@ -6,29 +6,18 @@ count its caller passes (netrun.kernels.parallel's), so NETRUN_THREADS limits on
 
 The conv algorithm calls with a count of 1 from each of netrun's workers (its results must
 not depend on the thread count; netrun.conv.cpu.onednn), so no OpenMP team starts at all.
-For callers that ask for more: idle OpenMP threads would spin on the cores for a while
-(libgomp's default spins 300,000 times before sleeping) while netrun's own workers need
-them, so unless the user chose OMP_WAIT_POLICY or GOMP_SPINCOUNT, a short spin is set
-before libgomp starts (it reads them once, when it loads).
+netrun leaves OpenMP's environment alone (OMP_WAIT_POLICY, GOMP_SPINCOUNT): those
+variables are process-wide and read by every OpenMP runtime that starts later in the
+process, PyTorch's included. A short spin set here once made PyTorch 25% slower beside
+netrun in the benchmarks.
 """
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
-
-# Spins before an idle OpenMP thread sleeps. 0 (passive) costs a futex wake-up per parallel
-# region; a short spin keeps back-to-back primitives cheap without holding a core long.
-SPINCOUNT = "10000"
 
 _LOCAL = threading.local()        # .count: what this thread last told OpenMP
 _GOMP: dict[str, object] = {}     # the libgomp handle, loaded with libdnnl (process-wide)
-
-
-def configure_environment() -> None:
-    """Set OpenMP's waiting policy for oneDNN's threads, unless the user chose one."""
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = SPINCOUNT
 
 
 def _omp_set_num_threads():
