@@ -195,6 +195,26 @@ def test_loading_leaves_openmps_environment_alone():
     assert out.strip() == "[]"
 
 
+@needs_onednn
+def test_a_call_leaves_the_callers_openmp_thread_count_as_it_was(monkeypatch):
+    """libgomp is shared with the rest of the process (PyTorch's OpenMP): a count of 1 left
+    on the main thread would run the user's other OpenMP code on one thread."""
+    get, set_ = threads._gomp()
+    before = get()
+    set_(3)
+    try:
+        p = ConvProblem(1, 4, 6, 6, 8, 3, 3, 1, 1, 1, 1, 1, 1)
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((p.n, p.c, p.h, p.w)).astype(np.float32)
+        w = rng.standard_normal((p.k, p.c, p.kh, p.kw)).astype(np.float32)
+        y = np.empty((p.n, p.k, p.oh, p.ow), np.float32)
+        monkeypatch.setattr(parallel, "thread_count", lambda: 1)   # runs on this thread
+        ALGO.forward(np, x, w, p, y, netrun.Workspace().scratch)
+        assert get() == 3
+    finally:
+        set_(before)
+
+
 # The switch -----------------------------------------------------------------------------------
 def test_switched_off_it_is_never_used(monkeypatch):
     monkeypatch.setenv(library.ENV, "off")

@@ -158,8 +158,8 @@ class _Filters:
             for ready in self.ready:   # chunks of another size may want another layout
                 if ready.md == d.chosen["weights"]:
                     return {"weights": ready}
-            ready = d.stage("weights", self.w, self.scratch,
-                            f"onednn.weights_staged{len(self.ready)}")
+            ready = engine.stage(d, 1, "weights", self.w, self.scratch,
+                                 f"onednn.weights_staged{len(self.ready)}")
             self.ready.append(ready)
             return {"weights": ready}
 

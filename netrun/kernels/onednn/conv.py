@@ -223,12 +223,11 @@ _LOCK = threading.Lock()
 
 def plan(s: ConvSpec, direction: str, count: int, bias: bool = False, relu: bool = False,
          plain: bool = False) -> Direction | None:
-    """The memoized `build` for `count` OpenMP threads (set on this thread by the call)."""
-    threads.use(count)
+    """The memoized `build` for `count` OpenMP threads (oneDNN picks kernels for it)."""
     key = (s, direction, bias, relu, plain, count)
     found = _PLANS.get(key, _PLANS)
     if found is _PLANS:
-        with _LOCK:
+        with _LOCK, threads.running(count):
             if key not in _PLANS:
                 _PLANS[key] = build(s, direction, bias, relu, plain)
             found = _PLANS[key]
@@ -238,8 +237,16 @@ def plan(s: ConvSpec, direction: str, count: int, bias: bool = False, relu: bool
 def run(d: Direction, count: int, scratch: Callable, staged: dict[str, Staged] | None = None,
         **arrays) -> None:
     """Execute a plan on `count` OpenMP threads of this thread (`staged`: see Direction.run)."""
-    threads.use(count)
     for a in arrays.values():
         if a is not None and (a.dtype != np.float32 or not a.flags.c_contiguous):
             raise ValueError("oneDNN arrays must be C-contiguous float32")
-    d.run(arrays, scratch, staged)
+    with threads.running(count):
+        d.run(arrays, scratch, staged)
+
+
+def stage(d: Direction, count: int, arg: str, array, scratch: Callable, key: str) -> Staged:
+    """Direction.stage on `count` OpenMP threads of this thread."""
+    if array.dtype != np.float32 or not array.flags.c_contiguous:
+        raise ValueError("oneDNN arrays must be C-contiguous float32")
+    with threads.running(count):
+        return d.stage(arg, array, scratch, key)

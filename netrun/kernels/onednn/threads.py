@@ -1,42 +1,53 @@
-"""oneDNN's threads: GNU OpenMP, told netrun's thread count per calling thread.
+"""oneDNN's threads: GNU OpenMP, told netrun's thread count around each call, then restored.
 
 oneDNN (the gomp build) runs a primitive on `omp_get_max_threads()` threads of the calling
-thread's OpenMP team. netrun sets that number before every call (`use`), from the thread
-count its caller passes (netrun.kernels.parallel's), so NETRUN_THREADS limits oneDNN too.
+thread's OpenMP team. `running(count)` sets that number for the duration of a call and puts
+the caller's value back afterwards: libgomp is shared by everything in the process (PyTorch
+links the same libgomp.so.1), so a count left behind on the main thread would quietly run
+the user's other OpenMP code on one thread.
 
 The conv algorithm calls with a count of 1 from each of netrun's workers (its results must
 not depend on the thread count; netrun.conv.cpu.onednn), so no OpenMP team starts at all.
-netrun leaves OpenMP's environment alone (OMP_WAIT_POLICY, GOMP_SPINCOUNT): those
-variables are process-wide and read by every OpenMP runtime that starts later in the
-process, PyTorch's included. A short spin set here once made PyTorch 25% slower beside
-netrun in the benchmarks.
+netrun leaves OpenMP's environment alone (OMP_WAIT_POLICY, GOMP_SPINCOUNT) for the same
+reason: the variables are process-wide and read by every OpenMP runtime that starts later.
 """
 from __future__ import annotations
 
 import ctypes
-import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-_LOCAL = threading.local()        # .count: what this thread last told OpenMP
-_GOMP: dict[str, object] = {}     # the libgomp handle, loaded with libdnnl (process-wide)
+_GOMP: dict[str, object] = {}     # libgomp's two functions, loaded with libdnnl (process-wide)
 
 
-def _omp_set_num_threads():
-    if "set" not in _GOMP:
+def _gomp() -> tuple | None:
+    """(omp_get_max_threads, omp_set_num_threads), or None under another OpenMP."""
+    if "fns" not in _GOMP:
         try:
-            fn = ctypes.CDLL("libgomp.so.1").omp_set_num_threads
-            fn.argtypes, fn.restype = [ctypes.c_int], None
+            lib = ctypes.CDLL("libgomp.so.1")
+            get, set_ = lib.omp_get_max_threads, lib.omp_set_num_threads
+            get.argtypes, get.restype = [], ctypes.c_int
+            set_.argtypes, set_.restype = [ctypes.c_int], None
+            _GOMP["fns"] = (get, set_)
         except (OSError, AttributeError):
-            fn = None    # another OpenMP: oneDNN then runs on that runtime's default
-        _GOMP["set"] = fn
-    return _GOMP["set"]
+            _GOMP["fns"] = None   # oneDNN then runs on that runtime's default
+    return _GOMP["fns"]
 
 
-def use(count: int) -> None:
-    """Make oneDNN calls from this thread run on `count` OpenMP threads."""
-    count = max(1, int(count))
-    if getattr(_LOCAL, "count", None) == count:
+@contextmanager
+def running(count: int) -> Iterator[None]:
+    """oneDNN calls from this thread inside the block run on `count` OpenMP threads."""
+    fns = _gomp()
+    if fns is None:
+        yield
         return
-    fn = _omp_set_num_threads()
-    if fn is not None:
-        fn(count)
-    _LOCAL.count = count
+    get, set_ = fns
+    count, before = max(1, int(count)), get()
+    if before == count:
+        yield
+        return
+    set_(count)
+    try:
+        yield
+    finally:
+        set_(before)
