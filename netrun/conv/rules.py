@@ -33,6 +33,9 @@ from netrun.errors import ShapeError
 # gradients not for first layers (C < ONEDNN_MIN_DATA_CHANNELS: its strided kernel is slow);
 # and never where compiled Winograd runs layers of ONEDNN_WINOGRAD_CHANNELS channels or more
 # (4× fewer multiplications).
+# Below ONEDNN_MIN_FLOPS a layer's work is smaller than oneDNN's fixed cost per call (reorders
+# in and out, a Python-side plan: ~0.3 ms), and the NumPy algorithms win (ResNet-20 at batch 1).
+ONEDNN_MIN_FLOPS = 16_000_000
 ONEDNN_MAX_FILTER_CHANNELS = 32
 ONEDNN_MIN_DATA_CHANNELS = 16
 ONEDNN_WINOGRAD_CHANNELS = 64
@@ -82,7 +85,7 @@ def preference(p: ConvProblem, backend: str = "cpu",
 
 def _onednn_first(p: ConvProblem, direction: str, winograd: bool) -> bool:
     """Whether oneDNN leads the preference for this direction (see the notes above)."""
-    if p.kh * p.kw == 1:
+    if p.kh * p.kw == 1 or direct_flops(p) < ONEDNN_MIN_FLOPS:
         return False
     if (winograd and min(p.c, p.k) >= ONEDNN_WINOGRAD_CHANNELS
             and (p.kh, p.kw, p.sh, p.sw, p.group) == (3, 3, 1, 1, 1)):
@@ -125,3 +128,8 @@ def fixed_algorithm(p: ConvProblem, fixed: str, backend: str) -> ConvAlgorithm |
         raise ShapeError(f"unknown convolution algorithm '{fixed}'")
     counterpart = own.get(COUNTERPARTS.get(backend, {}).get(fixed, ""))
     return counterpart if counterpart is not None and counterpart.applicable(p) else None
+
+
+def direct_flops(p: ConvProblem) -> int:
+    """Multiply-adds × 2 of the direct convolution (one direction)."""
+    return 2 * p.n * p.k * p.cg * p.kh * p.kw * p.oh * p.ow

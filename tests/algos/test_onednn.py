@@ -232,7 +232,7 @@ def _fresh_conv_net(switch: str) -> tuple[str, str]:
         "from netrun.core.net import SimpleNet\n"
         "ws = netrun.Workspace()\n"
         "rng = np.random.default_rng(0)\n"
-        "ws.feed_blob('X', rng.standard_normal((4, 16, 12, 12)).astype(np.float32))\n"
+        "ws.feed_blob('X', rng.standard_normal((16, 16, 16, 16)).astype(np.float32))\n"
         "ws.feed_blob('W', rng.standard_normal((16, 16, 3, 3)).astype(np.float32))\n"
         "conv = netrun.op('Conv', ['X', 'W'], ['Y'], kernel=3, pad=1)\n"
         "net = SimpleNet(netrun.NetDef('n', [conv]), ws)\n"
@@ -282,7 +282,7 @@ def test_one_image_split_by_output_channels_matches_the_reference(relu, monkeypa
     """Batch 1 cuts the output channels into blocks (separate calls on slices of W and Y)."""
     from netrun.conv.cpu import onednn as onednn_conv
 
-    monkeypatch.setattr(onednn_conv, "CHUNK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)
     monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)
     monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
     p = ConvProblem(1, 5, 9, 7, 70, 3, 3, 2, 1, 1, 0, 2, 1)

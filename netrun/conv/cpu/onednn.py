@@ -25,10 +25,12 @@ from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, register_algorithm
 from netrun.kernels import onednn, parallel
 from netrun.kernels.onednn import conv as engine
 
-# Images per chunk: the batch in 4 chunks at most (2 or 4 threads share them evenly), and no
-# chunk smaller than this many output elements (a call costs ~20 µs).
+# The batch (or, for one image, the output channels) in CHUNKS chunks at most (2 or 4 threads
+# share them evenly), none with less than CHUNK_MIN_FLOPS of work: handing a chunk to another
+# thread costs ~0.1 ms, and more while the threads take turns holding the GIL between ctypes
+# calls, so small layers run as one call.
 CHUNKS = 4
-CHUNK_MIN_ELEMENTS = 1 << 15
+CHUNK_MIN_FLOPS = 8_000_000
 
 
 def spec(p: ConvProblem, n: int | None = None) -> engine.ConvSpec:
@@ -130,8 +132,8 @@ def _forward_by_channels(p: ConvProblem, x, w, bias, relu, y, scratch) -> None:
     """One image: fixed blocks of output channels as separate calls, so batch 1 uses every
     worker; each block's filters and outputs are contiguous slices (K × C × kh × kw, 1 × K ×
     oH × oW). The blocks depend on the problem only, so the bits do not depend on threads."""
-    per_channel = max(p.oh * p.ow, 1)
-    block = max(-(-p.k // CHUNKS), -(-CHUNK_MIN_ELEMENTS // per_channel))
+    per_channel = max(2 * p.oh * p.ow * p.c * p.kh * p.kw, 1)    # flops of one output channel
+    block = max(-(-p.k // CHUNKS), -(-CHUNK_MIN_FLOPS // per_channel))
     block = -(-block // 16) * 16    # whole blocks of oneDNN's channel blocking
 
     def work(index, k0, k1):
@@ -140,7 +142,10 @@ def _forward_by_channels(p: ConvProblem, x, w, bias, relu, y, scratch) -> None:
         engine.run(d, 1, parallel.chunk_scratch(scratch, index), src=x, weights=w[k0:k1],
                    bias=None if bias is None else bias[k0:k1], dst=y[:, k0:k1])
 
-    parallel.chunks(np, p.k, work, work=p.k * per_channel * p.c * p.kh * p.kw, block=block)
+    if p.k * per_channel < 2 * CHUNK_MIN_FLOPS:
+        work(0, 0, p.k)   # too small to share: one call on this thread
+    else:
+        parallel.chunks(np, p.k, work, block=block)
 
 
 class _Filters:
@@ -166,8 +171,11 @@ class _Filters:
 
 def _chunks(p: ConvProblem, work) -> None:
     """work(index, n0, n1) over the problem's fixed batch chunks, on netrun's workers."""
-    per_image = max(p.k * p.oh * p.ow, 1)
-    block = max(-(-p.n // CHUNKS), -(-CHUNK_MIN_ELEMENTS // per_image))
+    per_image = max(2 * p.k * p.oh * p.ow * p.cg * p.kh * p.kw, 1)   # flops of one image
+    if p.n * per_image < 2 * CHUNK_MIN_FLOPS:
+        work(0, 0, p.n)   # too small to share: one call on this thread (chunk 0 commits none)
+        return
+    block = max(-(-p.n // CHUNKS), -(-CHUNK_MIN_FLOPS // per_image))
     parallel.chunks(np, p.n, work, work=p.n * per_image * p.cg * p.kh * p.kw, block=block)
 
 
