@@ -24,7 +24,8 @@ from netrun.errors import ShapeError
 #   kernels on CIFAR/LeNet-sized images, not first layers (C = 1 or 3);
 # - otherwise a stride-1 (in height) conv is row-shifted GEMMs on a kw-expanded copy (kw× less
 #   copying than im2col) unless their contraction C/G·kw is too thin for an efficient GEMM
-#   (first layers: C = 1 or 3), and everything else im2col + GEMM.
+#   (first layers: C = 1 or 3) or the batch has under SHIFT_MIN_PIXELS output pixels, and
+#   everything else im2col + GEMM.
 # The NumPy Winograd and FFT algorithms win only for some shapes; exhaustive search finds those.
 # oneDNN (where installed) goes first, after the depthwise algorithms, for kernels larger
 # than 1×1 (its reorders to and from NCHW cost more than a 1×1 GEMM saves), except: for
@@ -40,6 +41,10 @@ ONEDNN_MAX_FILTER_CHANNELS = 32
 ONEDNN_MIN_DATA_CHANNELS = 16
 ONEDNN_WINOGRAD_CHANNELS = 64
 SHIFT_MIN_CONTRACTION = 32
+# Row-shifted GEMMs cost Python work per output row and chunk: under SHIFT_MIN_PIXELS output
+# pixels in the batch, im2col's one GEMM wins (ResNet-20's 16×16 and 8×8 layers at batch 1:
+# 1.5 to 2.3× faster).
+SHIFT_MIN_PIXELS = 1024
 DFT_MAX_FLOP_RATIO = 0.75
 WINOGRAD_MIN_CHANNELS = 32
 WINOGRAD_MIN_TILES = 96
@@ -78,7 +83,7 @@ def preference(p: ConvProblem, backend: str = "cpu",
     direct = 2 * p.n * p.k * p.cg * p.kh * p.kw * p.oh * p.ow
     if p.sh == p.sw == 1 and model_flops(p) <= DFT_MAX_FLOP_RATIO * direct:
         first += ("dft_gemm",)
-    if p.cg * p.kw >= SHIFT_MIN_CONTRACTION:
+    if p.cg * p.kw >= SHIFT_MIN_CONTRACTION and p.n * p.oh * p.ow >= SHIFT_MIN_PIXELS:
         return first + ("shift_gemm", "im2col_gemm")
     return first + ("im2col_gemm", "shift_gemm")
 

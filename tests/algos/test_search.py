@@ -299,7 +299,7 @@ def test_heuristic_respects_the_candidates(monkeypatch):
     monkeypatch.setenv("NETRUN_ONEDNN", "off")   # the NumPy rules (tests/algos/test_onednn.py)
     p = ConvProblem(2, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1)
     assert rule_choice(p, applicable_algorithms(p)).name == "im2col_gemm"
-    wide = ConvProblem(2, 16, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1)
+    wide = ConvProblem(2, 16, 24, 24, 4, 3, 3, 1, 1, 1, 1, 1, 1)
     assert rule_choice(wide, applicable_algorithms(wide)).name == "shift_gemm"
     only = [ALGORITHMS["winograd_f2x2"], ALGORITHMS["im2col_gemm"]]
     assert rule_choice(p, only, "forward").name == "im2col_gemm"

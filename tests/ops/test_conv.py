@@ -1,6 +1,8 @@
 """Conv, ConvTranspose and the conv algorithms: references, finite differences, shapes, errors."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -321,7 +323,8 @@ def test_heuristic_and_applicability(monkeypatch):
     monkeypatch.setenv("NETRUN_ONEDNN", "off")   # NumPy's rules (oneDNN's: tests/algos/test_onednn.py)
     one = ConvProblem(2, 4, 5, 5, 8, 1, 1, 2, 2)
     three = ConvProblem(2, 4, 5, 5, 8, 3, 3, pt=1, pl=1, pb=1, pr=1)
-    wide = ConvProblem(2, 16, 5, 5, 8, 3, 3, pt=1, pl=1, pb=1, pr=1)   # C·kw = 48 >= 32
+    # C·kw = 48 >= 32, and 2·24·24 output pixels >= SHIFT_MIN_PIXELS
+    wide = ConvProblem(2, 16, 24, 24, 8, 3, 3, pt=1, pl=1, pb=1, pr=1)
     strided = ConvProblem(2, 4, 5, 5, 8, 3, 3, 2, 2)
     depthwise = ConvProblem(2, 4, 5, 5, 8, 3, 3, group=4)
     assert heuristic_choice(one).name == "gemm_1x1"
@@ -342,8 +345,10 @@ def test_heuristic_and_applicability(monkeypatch):
         assert heuristic_choice(p).name == ("winograd_jit" if jit.available() else "shift_gemm")
     # ... but not a batch-1 7×7 one of 512 channels (4 tiles: streaming the filter spectrum
     # costs more than the multiplications saved) nor thin layers
+    # (and 49 output pixels are too few for shifted rows: one im2col GEMM)
     assert heuristic_choice(ConvProblem(1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1)).name \
-        == "shift_gemm"
+        == "im2col_gemm"
+    assert heuristic_choice(replace(wide, h=8, w=8)).name == "im2col_gemm"
     assert heuristic_choice(ConvProblem(32, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1)).name \
         == "shift_gemm"
     # 5×5 on small images: the Fourier form needs a quarter of the flops (CIFAR's conv2) ...
