@@ -63,12 +63,15 @@ def _bn_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
     return [x, ins[3], ins[4], TensorSpec((c,), x.dtype), TensorSpec((c,), x.dtype)]
 
 
-register_schema(
-    "SpatialBN", inputs=5, outputs=(1, 5),
-    input_names=("X", "scale", "bias", "running_mean", "running_var"),
+# What SpatialBN and SpatialBNRelu share: inputs, outputs, arguments and checks.
+_BN_SCHEMA = dict(
+    inputs=5, outputs=(1, 5), input_names=("X", "scale", "bias", "running_mean", "running_var"),
     output_names=("Y", "running_mean", "running_var", "saved_mean", "saved_inv_std"),
-    args=_BN_ARGS, enforce_inplace=((3, 1), (4, 2)), shape_fn=_bn_shape, cost_fn=input_cost(7),
-    check_fn=_bn_check, non_differentiable=(3, 4), family="norm",
+    args=_BN_ARGS, enforce_inplace=((3, 1), (4, 2)), shape_fn=_bn_shape, check_fn=_bn_check,
+    non_differentiable=(3, 4), family="norm")
+
+register_schema(
+    "SpatialBN", **_BN_SCHEMA, cost_fn=input_cost(7),
     doc="Y = (X − μ)/√(σ² + ε)·scale + bias per channel. Training: μ, σ² are the batch's "
         "(biased) statistics, saved as saved_mean and saved_inv_std = 1/√(σ² + ε), and the "
         "running stats are updated in place: running = momentum·running + (1−momentum)·batch, "
@@ -168,11 +171,7 @@ def _spatial_bn_grad(g):
 
 # SpatialBNRelu: SpatialBN then ReLU in the same passes (a bind-time fusion's target) ------
 register_schema(
-    "SpatialBNRelu", inputs=5, outputs=(1, 5),
-    input_names=("X", "scale", "bias", "running_mean", "running_var"),
-    output_names=("Y", "running_mean", "running_var", "saved_mean", "saved_inv_std"),
-    args=_BN_ARGS, enforce_inplace=((3, 1), (4, 2)), shape_fn=_bn_shape, cost_fn=input_cost(8),
-    check_fn=_bn_check, non_differentiable=(3, 4), family="norm",
+    "SpatialBNRelu", **_BN_SCHEMA, cost_fn=input_cost(8),
     doc="Y = max(SpatialBN(X), 0): SpatialBN (same arguments, inputs and outputs, training "
         "and is_test) followed by Relu, the ReLU applied as Y is written.")
 

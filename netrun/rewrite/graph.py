@@ -44,6 +44,15 @@ class Graph:
             return None
         return value[0], self.ops[value[0]]
 
+    def after(self, op_type: str):
+        """(i, producer, j, op) for each op j of `op_type` whose first input op i wrote: the
+        pairs a fusion of "producer then op_type" looks at."""
+        for j, op in enumerate(self.ops):
+            if op.type == op_type:
+                found = self.producer(j, 0)
+                if found is not None:
+                    yield found[0], found[1], j, op
+
     def private(self, i: int, j: int) -> bool:
         """Whether op i's first output is read by op j alone, once, and nobody outside."""
         value = (i, 0)

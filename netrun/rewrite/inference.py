@@ -108,13 +108,7 @@ def _fold_caffe_bn(g: Graph, ctx: Context) -> Match | None:
 
 
 def _conv_relu(g: Graph, ctx: Context) -> Match | None:
-    for j, relu in enumerate(g.ops):
-        if relu.type != "Relu":
-            continue
-        found = g.producer(j, 0)
-        if found is None:
-            continue
-        i, conv = found
+    for i, conv, j, relu in g.after("Relu"):
         if (conv.type != "Conv" or int(conv.args.get("relu", 0)) or not g.private(i, j)
                 or not g.clean_between(i, j, conv.inputs)):
             continue
@@ -124,13 +118,7 @@ def _conv_relu(g: Graph, ctx: Context) -> Match | None:
 
 
 def _add_relu(g: Graph, ctx: Context) -> Match | None:
-    for j, relu in enumerate(g.ops):
-        if relu.type != "Relu":
-            continue
-        found = g.producer(j, 0)
-        if found is None:
-            continue
-        i, add = found
+    for i, add, j, relu in g.after("Relu"):
         plain = add.type == "Add" and not int(add.args.get("broadcast", 0))
         if (not (plain or add.type == "Sum") or len(add.inputs) != 2 or not g.private(i, j)
                 or not g.clean_between(i, j, add.inputs)):

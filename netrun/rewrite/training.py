@@ -9,13 +9,7 @@ from netrun.rewrite.rule import Context, Match, Rule, fused_name
 
 
 def _bn_relu(g: Graph, ctx: Context) -> Match | None:
-    for k, relu in enumerate(g.ops):
-        if relu.type != "Relu":
-            continue
-        found = g.producer(k, 0)
-        if found is None:
-            continue
-        j, bn = found
+    for j, bn, k, relu in g.after("Relu"):
         if bn.type != "SpatialBN" or not g.private(j, k):
             continue
         # Everything but the normalized output moves from j to k.
