@@ -37,6 +37,10 @@ from netrun.errors import ShapeError
 # Below ONEDNN_MIN_FLOPS a layer's work is smaller than oneDNN's fixed cost per call (reorders
 # in and out, a Python-side plan: ~0.3 ms), and the NumPy algorithms win (ResNet-20 at batch 1).
 ONEDNN_MIN_FLOPS = 16_000_000
+# Nor single-channel first layers (LeNet's 1→20 5×5: 2× slower than im2col forward), nor,
+# where the Fourier form (dft_gemm) qualifies, before it (LeNet's and CIFAR's 5×5 layers), nor
+# filter gradients of first layers (C < ONEDNN_MIN_DATA_CHANNELS, as for data gradients).
+ONEDNN_MIN_CHANNELS = 3
 ONEDNN_MAX_FILTER_CHANNELS = 32
 ONEDNN_MIN_DATA_CHANNELS = 16
 ONEDNN_WINOGRAD_CHANNELS = 64
@@ -74,29 +78,32 @@ def preference(p: ConvProblem, backend: str = "cpu",
     if backend == "gpu":
         return GPU_PREFERENCE
     winograd = min(p.c, p.k) >= WINOGRAD_MIN_CHANNELS and p.n * tiles(p) >= WINOGRAD_MIN_TILES
+    fourier = p.sh == p.sw == 1 and model_flops(p) <= DFT_MAX_FLOP_RATIO * direct_flops(p)
     first: tuple[str, ...] = ("depthwise_jit", "depthwise")
-    if _onednn_first(p, direction, winograd):
+    if _onednn_first(p, direction, winograd, fourier):
         first += ("onednn",)
     first += ("gemm_1x1",)
     if winograd:
         first += ("winograd_jit",)
-    direct = 2 * p.n * p.k * p.cg * p.kh * p.kw * p.oh * p.ow
-    if p.sh == p.sw == 1 and model_flops(p) <= DFT_MAX_FLOP_RATIO * direct:
+    if fourier:
         first += ("dft_gemm",)
     if p.cg * p.kw >= SHIFT_MIN_CONTRACTION and p.n * p.oh * p.ow >= SHIFT_MIN_PIXELS:
         return first + ("shift_gemm", "im2col_gemm")
     return first + ("im2col_gemm", "shift_gemm")
 
 
-def _onednn_first(p: ConvProblem, direction: str, winograd: bool) -> bool:
+def _onednn_first(p: ConvProblem, direction: str, winograd: bool, fourier: bool) -> bool:
     """Whether oneDNN leads the preference for this direction (see the notes above)."""
-    if p.kh * p.kw == 1 or direct_flops(p) < ONEDNN_MIN_FLOPS:
+    if p.kh * p.kw == 1 or direct_flops(p) < ONEDNN_MIN_FLOPS or fourier:
+        return False
+    if p.cg < ONEDNN_MIN_CHANNELS:
         return False
     if (winograd and min(p.c, p.k) >= ONEDNN_WINOGRAD_CHANNELS
             and (p.kh, p.kw, p.sh, p.sw, p.group) == (3, 3, 1, 1, 1)):
         return False
     if direction == "backward_filter":
-        return min(p.cg, p.kg) <= ONEDNN_MAX_FILTER_CHANNELS
+        return (p.c >= ONEDNN_MIN_DATA_CHANNELS
+                and min(p.cg, p.kg) <= ONEDNN_MAX_FILTER_CHANNELS)
     if direction == "backward_data":
         return p.c >= ONEDNN_MIN_DATA_CHANNELS
     return True
