@@ -85,6 +85,28 @@ def test_blocked_layouts_and_fused_bias_relu(shape):
 
 
 @needs_onednn
+def test_both_gradients_chunked_equal_the_two_calls(monkeypatch):
+    """`backward` stages dY once per batch chunk for both primitives: the same bits as the two
+    separate passes, with the batch cut into chunks on two workers."""
+    from netrun.conv.cpu import onednn as onednn_conv
+
+    monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    p = ConvProblem(8, 16, 10, 10, 16, 3, 3, 1, 1, 1, 1, 1, 1)
+    rng = np.random.default_rng(4)
+    x, w, dy = (rng.standard_normal(s).astype(np.float32) for s in
+                ((p.n, p.c, p.h, p.w), (p.k, p.cg, p.kh, p.kw), (p.n, p.k, p.oh, p.ow)))
+    got = [np.full(s, np.nan, np.float32) for s in (x.shape, w.shape, (p.k,))]
+    ALGO.backward(np, x, dy, w, p, got[0], got[1], netrun.Workspace().scratch, dbias=got[2])
+    want = [np.empty_like(a) for a in got]
+    scratch = netrun.Workspace().scratch
+    ALGO.backward_data(np, dy, w, p, want[0], scratch)
+    ALGO.backward_filter(np, x, dy, p, want[1], scratch, dbias=want[2])
+    for a, b in zip(got, want):
+        assert np.array_equal(a, b)
+
+
+@needs_onednn
 def test_non_contiguous_outputs_and_inputs():
     p = ConvProblem(2, 8, 7, 7, 8, 3, 3, 1, 1, 1, 1, 1, 1)
     rng = np.random.default_rng(0)

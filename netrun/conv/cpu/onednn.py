@@ -109,23 +109,53 @@ class OneDNNConv(ConvAlgorithm):
         def work(index, n0, n1):
             s = parallel.chunk_scratch(scratch, index)
             d = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None)
-            mine = dw if index == 0 else s("onednn.dw_part", dw.shape, "float32")
-            db = dbias if index == 0 else (
-                None if dbias is None else s("onednn.db_part", dbias.shape, "float32"))
-            engine.run(d, 1, s, src=x[n0:n1], diff_dst=dy[n0:n1], diff_weights=mine,
-                       diff_bias=db)
-            if index == 0:
-                return None
-
-            def commit():
-                np.add(dw, mine, out=dw)
-                if dbias is not None:
-                    np.add(dbias, db, out=dbias)
-            return commit
+            return _filter_chunk(d, s, index, x[n0:n1], dy[n0:n1], dw, dbias, {})
 
         _chunks(p, work)
         if dw is not out:
             out[...] = dw
+
+    def backward(self, xp, x, dy, w, p, dx, dw, scratch, dbias=None):
+        """Both gradients chunk by chunk, dY reordered into oneDNN's layout once for both."""
+        x, dy, w = _c(x), _c(dy), _c(w)
+        gx = _writable(dx, scratch, "onednn.dx")
+        gw = _writable(dw, scratch, "onednn.dw")
+        filters = _Filters(w, scratch)
+
+        def work(index, n0, n1):
+            s = parallel.chunk_scratch(scratch, index)
+            data = engine.plan(spec(p, n1 - n0), "backward_data", 1)
+            weights = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None)
+            shared = {}
+            if data.chosen["diff_dst"] == weights.chosen["diff_dst"]:
+                shared["diff_dst"] = engine.stage(data, 1, "diff_dst", dy[n0:n1], s,
+                                                  "onednn.dy_staged")
+            engine.run(data, 1, s, {**filters.staged(data), **shared}, diff_dst=dy[n0:n1],
+                       diff_src=gx[n0:n1])
+            return _filter_chunk(weights, s, index, x[n0:n1], dy[n0:n1], gw, dbias, shared)
+
+        _chunks(p, work)
+        if gx is not dx:
+            dx[...] = gx
+        if gw is not dw:
+            dw[...] = gw
+
+
+def _filter_chunk(d, s, index: int, x, dy, dw, dbias, staged: dict):
+    """One batch chunk's filter (and bias) gradient: chunk 0 writes dw itself, the others a
+    partial sum, added by the commit they return (in chunk order: netrun.kernels.parallel)."""
+    mine = dw if index == 0 else s("onednn.dw_part", dw.shape, "float32")
+    db = dbias if index == 0 else (
+        None if dbias is None else s("onednn.db_part", dbias.shape, "float32"))
+    engine.run(d, 1, s, staged, src=x, diff_dst=dy, diff_weights=mine, diff_bias=db)
+    if index == 0:
+        return None
+
+    def commit():
+        np.add(dw, mine, out=dw)
+        if dbias is not None:
+            np.add(dbias, db, out=dbias)
+    return commit
 
 
 def _forward_by_channels(p: ConvProblem, x, w, bias, relu, y, scratch) -> None:
