@@ -49,6 +49,11 @@ class ConvAlgorithm:
         """Scratch bytes needed by the most demanding of the three directions."""
         return 0
 
+    def prepare(self, p: ConvProblem, direction: str, bias: bool = False,
+                relu: bool = False) -> None:
+        """Build what one `direction` pass of p will need (compiled primitives) without
+        running it; called when a net is bound. Most algorithms need nothing."""
+
     def forward(self, xp, x, w, p: ConvProblem, out, scratch: Scratch, bias=None) -> None:
         """out (N, K, oH, oW) = conv(x, w) (+ bias (K,) when given, fused where possible)."""
         raise NotImplementedError

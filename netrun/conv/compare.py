@@ -69,13 +69,16 @@ def _runner(p: ConvProblem, direction: str, b: dict[str, Any], scratch: Callable
 
 
 def warm_up(state: ConvState, algo: ConvAlgorithm, p: ConvProblem, direction: str,
-            xp: Any) -> None:
-    """Run one direction of `algo` once on a one-image copy of p, on throwaway arrays.
+            xp: Any, bias: bool = False, relu: bool = False) -> None:
+    """Let `algo` build what p's pass needs (`prepare`), then run one direction of it once
+    on a one-image copy of p, on throwaway arrays.
 
     What an algorithm builds per shape on its first call (DFT matrices, column maps, the
     compiled kernels' type dispatch) does not depend on the batch, so a net's bind-time
     plan calls this and the first iteration finds it ready. Once per workspace and problem.
+    What does depend on the batch (oneDNN's primitives) is built by `prepare` for p itself.
     """
+    algo.prepare(p, direction, bias=bias, relu=relu)
     one = replace(p, n=1)
     key = (algo.name, one, direction)
     if key in state.warmed:

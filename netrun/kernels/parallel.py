@@ -95,8 +95,13 @@ def chunks(xp: Any, n: int, fn: Callable[[int, int, int], Commit | None], work: 
     if xp is not np:
         _commit(fn(0, 0, n))
         return
-    bounds = _bounds(n, chunk_count(n, work, block))
-    _run([partial(fn, i, n0, n1) for i, (n0, n1) in enumerate(bounds)])
+    _run([partial(fn, i, n0, n1) for i, (n0, n1) in enumerate(chunk_bounds(n, work, block))])
+
+
+def chunk_bounds(n: int, work: int = 0, block: int = 1) -> list[tuple[int, int]]:
+    """The (n0, n1) ranges `chunks` hands to fn for these arguments (what a caller may build
+    ahead of time per chunk size)."""
+    return _bounds(n, chunk_count(n, work, block))
 
 
 def matmul(xp: Any, a, b, out) -> None:

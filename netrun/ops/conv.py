@@ -352,8 +352,13 @@ def _warm_up(ws, op, args, ins) -> None:
     if ws.backend.xp is not np:
         return
     problem, _ = _conv_problem(args, ins[:2], op.type.startswith("ConvTranspose"))
+    # what the passes will ask of an algorithm that fuses them (a forward's bias and ReLU,
+    # a filter gradient's db); ConvTranspose adds its bias outside the algorithm
+    bias = len(op.inputs) > 2 if op.type == "Conv" else (
+        op.type == "ConvGradient" and not args.no_bias)
+    relu = op.type == "Conv" and bool(getattr(args, "relu", 0))
     for d, algo in _rule_picks(ws, problem, op, args).items():
-        warm_up(ws.conv, algo, problem, d, np)
+        warm_up(ws.conv, algo, problem, d, np, bias=bias, relu=relu)
 
 
 # Conv -------------------------------------------------------------------------------------

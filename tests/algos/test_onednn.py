@@ -319,3 +319,27 @@ def test_one_image_split_by_output_channels_matches_the_reference(relu, monkeypa
                       (p.pt, p.pl, p.pb, p.pr), (p.dh, p.dw), p.group)
     ref = ref + b[None, :, None, None]
     _close(y, np.maximum(ref, 0) if relu else ref, "forward of one image")
+
+
+@needs_onednn
+@pytest.mark.parametrize("batch", [1, 8])
+def test_binding_builds_the_primitives_the_first_run_needs(batch):
+    """The bind-time warm-up compiles oneDNN's primitives for the real batch's chunk sizes
+    (forward with its bias and ReLU, both gradients), so running builds none."""
+    from netrun.kernels.onednn import conv as engine
+
+    ws = netrun.Workspace()
+    rng = np.random.default_rng(0)
+    # a shape no other test uses: the memo of primitives is process-wide
+    ws.feed_blob("X", rng.standard_normal((batch, 24, 19, 19)).astype(np.float32))
+    ws.feed_blob("W", rng.standard_normal((48, 24, 3, 3)).astype(np.float32))
+    ws.feed_blob("b", rng.standard_normal(48).astype(np.float32))
+    conv = netrun.op("Conv", ["X", "W", "b"], ["Y"], kernel=3, pad=1, relu=1, algo="onednn")
+    grad = netrun.gradient_ops(conv)[0]
+    ws.feed_blob("Y_grad", rng.standard_normal((batch, 48, 19, 19)).astype(np.float32))
+    before = len(engine._PLANS)
+    ws.create_net(netrun.NetDef("n", [conv, *grad]))   # binds: plans memory, warms up
+    bound = len(engine._PLANS)
+    assert bound > before
+    ws.run_net("n")
+    assert len(engine._PLANS) == bound

@@ -68,6 +68,19 @@ class OneDNNConv(ConvAlgorithm):
         threads = min(parallel.thread_count(), CHUNKS)
         return (x + y + w * (1 + threads)) * p.itemsize
 
+    def prepare(self, p, direction, bias=False, relu=False):
+        """Compile the primitives of every chunk size this pass will run (at bind)."""
+        if not self.applicable(p):
+            return
+        name = {"backward_filter": "backward_weights"}.get(direction, direction)
+        if direction == "forward" and p.n == 1 and p.group == 1:
+            parts = [replace(p, k=k1 - k0) for k0, k1 in _channel_spans(p)]
+        else:
+            parts = [replace(p, n=n1 - n0) for n0, n1 in _batch_spans(p)]
+        for part in {q: None for q in parts}:   # each chunk size once, in order
+            engine.plan(spec(part), name, 1, bias and direction != "backward_data",
+                        relu and direction == "forward")
+
     def forward(self, xp, x, w, p, out, scratch, bias=None, relu=False):
         x, w = _c(x), _c(w)
         bias = None if bias is None else _c(bias)
@@ -162,20 +175,53 @@ def _forward_by_channels(p: ConvProblem, x, w, bias, relu, y, scratch) -> None:
     """One image: fixed blocks of output channels as separate calls, so batch 1 uses every
     worker; each block's filters and outputs are contiguous slices (K × C × kh × kw, 1 × K ×
     oH × oW). The blocks depend on the problem only, so the bits do not depend on threads."""
-    per_channel = max(2 * p.oh * p.ow * p.c * p.kh * p.kw, 1)    # flops of one output channel
-    block = max(-(-p.k // CHUNKS), -(-CHUNK_MIN_FLOPS // per_channel))
-    block = -(-block // 16) * 16    # whole blocks of oneDNN's channel blocking
-
     def work(index, k0, k1):
         part = replace(p, k=k1 - k0)
         d = engine.plan(spec(part), "forward", 1, bias is not None, relu)
         engine.run(d, 1, parallel.chunk_scratch(scratch, index), src=x, weights=w[k0:k1],
                    bias=None if bias is None else bias[k0:k1], dst=y[:, k0:k1])
 
+    _split(p.k, _channel_split(p), work)
+
+
+def _channel_split(p: ConvProblem) -> tuple[int, int] | None:
+    """(work, block) for `parallel.chunks` over p's output channels; None: one call."""
+    per_channel = max(2 * p.oh * p.ow * p.c * p.kh * p.kw, 1)    # flops of one output channel
     if p.k * per_channel < 2 * CHUNK_MIN_FLOPS:
-        work(0, 0, p.k)   # too small to share: one call on this thread
+        return None
+    block = max(-(-p.k // CHUNKS), -(-CHUNK_MIN_FLOPS // per_channel))
+    return 0, -(-block // 16) * 16    # whole blocks of oneDNN's channel blocking
+
+
+def _batch_split(p: ConvProblem) -> tuple[int, int] | None:
+    """(work, block) for `parallel.chunks` over p's images; None: one call."""
+    per_image = max(2 * p.k * p.oh * p.ow * p.cg * p.kh * p.kw, 1)   # flops of one image
+    if p.n * per_image < 2 * CHUNK_MIN_FLOPS:
+        return None
+    return (p.n * per_image * p.cg * p.kh * p.kw,
+            max(-(-p.n // CHUNKS), -(-CHUNK_MIN_FLOPS // per_image)))
+
+
+def _split(n: int, split: tuple[int, int] | None, work) -> None:
+    """work(index, i0, i1) over range(n): one call on this thread when `split` is None (too
+    small to share; chunk 0 commits nothing), else the fixed chunks on netrun's workers."""
+    if split is None:
+        work(0, 0, n)
     else:
-        parallel.chunks(np, p.k, work, block=block)
+        parallel.chunks(np, n, work, work=split[0], block=split[1])
+
+
+def _spans(n: int, split: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """The (i0, i1) ranges `_split` runs."""
+    return [(0, n)] if split is None else parallel.chunk_bounds(n, *split)
+
+
+def _batch_spans(p: ConvProblem) -> list[tuple[int, int]]:
+    return _spans(p.n, _batch_split(p))
+
+
+def _channel_spans(p: ConvProblem) -> list[tuple[int, int]]:
+    return _spans(p.k, _channel_split(p))
 
 
 class _Filters:
@@ -201,12 +247,7 @@ class _Filters:
 
 def _chunks(p: ConvProblem, work) -> None:
     """work(index, n0, n1) over the problem's fixed batch chunks, on netrun's workers."""
-    per_image = max(2 * p.k * p.oh * p.ow * p.cg * p.kh * p.kw, 1)   # flops of one image
-    if p.n * per_image < 2 * CHUNK_MIN_FLOPS:
-        work(0, 0, p.n)   # too small to share: one call on this thread (chunk 0 commits none)
-        return
-    block = max(-(-p.n // CHUNKS), -(-CHUNK_MIN_FLOPS // per_image))
-    parallel.chunks(np, p.n, work, work=p.n * per_image * p.cg * p.kh * p.kw, block=block)
+    _split(p.n, _batch_split(p), work)
 
 
 def _c(a):
