@@ -21,6 +21,7 @@ import numpy as np
 import netrun.kernels.jit as jit
 import netrun.kernels.jit.batch_norm as jit_bn
 from netrun.kernels import parallel
+from netrun.kernels import relu as relu_kernels
 
 Scratch = Callable[..., Any]
 
@@ -47,17 +48,9 @@ class Stats:
     m: int
 
 
-def _as3(a, shape3):
-    return a.reshape(shape3)
-
-
 def _chunked_sums(xp, shape3, scratch: Scratch, fn) -> np.ndarray:
     """(2, C) float64: the sum over the fixed chunks of fn(x-chunk slice, lanes, sums)."""
     outer, c, inner = shape3
-    if _one_chunk(outer * c * inner):
-        sums = np.empty((2, c))
-        fn(0, outer, scratch("bn.lanes", (2, c, inner), "float64"), sums)
-        return sums
     total = np.zeros((2, c))
 
     def work(index, o0, o1):
@@ -76,16 +69,7 @@ def _chunked_sums(xp, shape3, scratch: Scratch, fn) -> np.ndarray:
 def _each_chunk(xp, shape3, fn) -> None:
     """fn(o0, o1) over the fixed chunks of the outer axis, on the worker threads."""
     outer, c, inner = shape3
-    if _one_chunk(outer * c * inner):
-        fn(0, outer)
-    else:
-        parallel.chunks(xp, outer, lambda _i, o0, o1: fn(o0, o1), work=outer * c * inner)
-
-
-def _one_chunk(work: int) -> bool:
-    """Whether parallel.chunks would make one chunk of this work whatever n is (its rule),
-    so that the call can skip the hand-off machinery: batch-1 inference is per-op overhead."""
-    return work < 2 * parallel.MIN_ELEMENTS
+    parallel.chunks(xp, outer, lambda _i, o0, o1: fn(o0, o1), work=outer * c * inner)
 
 
 # Forward ------------------------------------------------------------------------------------
@@ -95,7 +79,7 @@ def batch_stats(xp, X, order: str, scratch: Scratch) -> Stats:
     outer, c, inner = shape3
     m = outer * inner
     if compiled(xp, X):
-        x = _as3(np.ascontiguousarray(X), shape3)
+        x = np.ascontiguousarray(X).reshape(shape3)
         # any value of each channel, the same on every thread count: the first one
         shift = x[0, :, 0].astype(np.float64)
         s = _chunked_sums(xp, shape3, scratch,
@@ -126,7 +110,7 @@ def normalize(xp, X, order: str, mean, k, bias, Y, relu: bool) -> None:
     shape3 = view(X.shape, order)
     c = shape3[1]
     if compiled(xp, X, Y, mean, k, bias):
-        x, y = _as3(np.ascontiguousarray(X), shape3), _as3(Y, shape3)
+        x, y = np.ascontiguousarray(X).reshape(shape3), Y.reshape(shape3)
         _each_chunk(xp, shape3, lambda o0, o1: jit_bn.normalize(x[o0:o1], mean, k, bias,
                                                                 y[o0:o1], relu))
         return
@@ -150,7 +134,7 @@ def inference(xp, X, order: str, scale, bias, mean, var, epsilon: float, Y,
     if not compiled(xp, X, Y, scale, bias, mean, var):
         return False
     shape3 = view(X.shape, order)
-    x, y = _as3(np.ascontiguousarray(X), shape3), _as3(Y, shape3)
+    x, y = np.ascontiguousarray(X).reshape(shape3), Y.reshape(shape3)
     vecs = [np.ascontiguousarray(v) for v in (scale, bias, mean, var)]
     _each_chunk(xp, shape3, lambda o0, o1: jit_bn.inference(x[o0:o1], *vecs, epsilon,
                                                             y[o0:o1], relu))
@@ -165,13 +149,14 @@ def gradient_sums(xp, X, mean, dY, Y, order: str, scratch: Scratch) -> np.ndarra
     c = shape3[1]
     relu = Y is not None
     if compiled(xp, X, mean, dY, *([Y] if relu else [])):
-        x, dy = _as3(np.ascontiguousarray(X), shape3), _as3(np.ascontiguousarray(dY), shape3)
-        y = _as3(np.ascontiguousarray(Y), shape3) if relu else dy
+        x, dy = np.ascontiguousarray(X).reshape(shape3), np.ascontiguousarray(dY).reshape(shape3)
+        y = np.ascontiguousarray(Y).reshape(shape3) if relu else dy
         return _chunked_sums(xp, shape3, scratch, lambda o0, o1, lanes, sums: jit_bn.gradient_sums(
             x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, lanes, sums))
     g = dY.reshape(shape3)
     if relu:
-        g = _masked(xp, g, Y.reshape(shape3), scratch("bn.masked", shape3, dY.dtype))
+        g = relu_kernels.relu_gradient(xp, Y.reshape(shape3), g,
+                                       scratch("bn.masked", shape3, dY.dtype))
     centred = scratch("bn.centred", shape3, X.dtype)
     xp.subtract(X.reshape(shape3), mean.reshape(1, c, 1), out=centred)
     centred *= g
@@ -186,9 +171,9 @@ def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX,
     c = shape3[1]
     relu = Y is not None
     if compiled(xp, X, mean, dY, dX, a, b, k, *([Y] if relu else [])):
-        x, dy = _as3(np.ascontiguousarray(X), shape3), _as3(np.ascontiguousarray(dY), shape3)
-        y = _as3(np.ascontiguousarray(Y), shape3) if relu else dy
-        dx = _as3(dX, shape3)
+        x, dy = np.ascontiguousarray(X).reshape(shape3), np.ascontiguousarray(dY).reshape(shape3)
+        y = np.ascontiguousarray(Y).reshape(shape3) if relu else dy
+        dx = dX.reshape(shape3)
         _each_chunk(xp, shape3, lambda o0, o1: jit_bn.gradient_input(
             x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, a, b, k, is_test, dx[o0:o1]))
         return
@@ -196,7 +181,8 @@ def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX,
     dx = dX.reshape(shape3)
     g = dY.reshape(shape3)
     if relu:
-        g = _masked(xp, g, Y.reshape(shape3), scratch("bn.masked", shape3, dY.dtype))
+        g = relu_kernels.relu_gradient(xp, Y.reshape(shape3), g,
+                                       scratch("bn.masked", shape3, dY.dtype))
     if is_test:
         xp.multiply(g, k.reshape(bs), out=dx)
         return
@@ -205,37 +191,3 @@ def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX,
     xp.subtract(g, dx, out=dx)
     dx -= b.reshape(bs)
     dx *= k.reshape(bs)
-
-
-def _masked(xp, dy, y, out):
-    """out = dy·(y > 0) (NaN·0 stays NaN, as in ReluGradient)."""
-    xp.multiply(dy, y > 0, out=out)
-    return out
-
-
-# ReLU -----------------------------------------------------------------------------------------
-def relu(xp, X, Y) -> None:
-    """Y = max(X, 0) (Y may be X), on the worker threads when compiled."""
-    if compiled(xp, X, Y) and X.flags.c_contiguous and Y.flags.c_contiguous:
-        x, y = X.reshape(-1), Y.reshape(-1)
-        _flat_chunks(xp, x.size, lambda i0, i1: jit_bn.relu(x[i0:i1], y[i0:i1]))
-        return
-    xp.maximum(X, 0, out=Y)
-
-
-def relu_gradient(xp, Y, dY, dX) -> None:
-    """dX = dY·(Y > 0) (dX may be dY), on the worker threads when compiled."""
-    if (compiled(xp, Y, dY, dX) and Y.flags.c_contiguous and dY.flags.c_contiguous
-            and dX.flags.c_contiguous):
-        y, dy, dx = Y.reshape(-1), dY.reshape(-1), dX.reshape(-1)
-        _flat_chunks(xp, y.size, lambda i0, i1: jit_bn.relu_gradient(y[i0:i1], dy[i0:i1],
-                                                                     dx[i0:i1]))
-        return
-    xp.multiply(dY, Y > 0, out=dX)
-
-
-def _flat_chunks(xp, n: int, fn) -> None:
-    if _one_chunk(n):
-        fn(0, n)
-    else:
-        parallel.chunks(xp, n, lambda _i, i0, i1: fn(i0, i1), work=n)

@@ -18,7 +18,7 @@ from netrun.core.gradient import register_gradient
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Cost, get_schema, register_schema
 from netrun.errors import SchemaError, ShapeError
-from netrun.kernels import batch_norm as bn_kernels
+from netrun.kernels import relu as relu_kernels
 from netrun.ops.common import elementwise_cost, fmt, same_as_input
 
 # Relu -----------------------------------------------------------------------------------
@@ -30,7 +30,7 @@ register_schema("Relu", inputs=1, outputs=1, input_names=("X",), output_names=("
 @register_kernel("Relu")
 def relu(ctx, X):
     Y = ctx.output(0, X.shape, X.dtype)
-    bn_kernels.relu(ctx.xp, X, Y)   # compiled and threaded where the engine is there
+    relu_kernels.relu(ctx.xp, X, Y)   # compiled and threaded where the engine is there
 
 
 register_schema("ReluGradient", inputs=2, outputs=1, input_names=("Y", "dY"),
@@ -42,7 +42,7 @@ register_schema("ReluGradient", inputs=2, outputs=1, input_names=("Y", "dY"),
 @register_kernel("ReluGradient")
 def relu_gradient(ctx, Y, dY):
     dX = ctx.output(0, dY.shape, dY.dtype)
-    bn_kernels.relu_gradient(ctx.xp, Y, dY, dX)   # one pass (NumPy: a mask, then a product)
+    relu_kernels.relu_gradient(ctx.xp, Y, dY, dX)   # one pass (NumPy: a mask, a product)
 
 
 @register_gradient("Relu")

@@ -33,6 +33,7 @@ from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError, suggest
 from netrun.kernels import jit
+from netrun.kernels import relu as relu_kernels
 from netrun.kernels.geometry import ConvGeometry
 from netrun.kernels.jit import im2col as jit_im2col
 from netrun.ops.common import conv_pool_args
@@ -188,7 +189,8 @@ def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
     args = _COMMON + (_ADJ if transposed else ())
     register_schema(
         type, inputs=(2, 3), outputs=1, input_names=("X", "W", "b"), output_names=("Y",),
-        args=args + (() if transposed else (_RELU,)), shape_fn=_make_shape_fn(transposed), cost_fn=_make_cost_fn(transposed),
+        args=args + (() if transposed else (_RELU,)), shape_fn=_make_shape_fn(transposed),
+        cost_fn=_make_cost_fn(transposed),
         check_fn=lambda op, a: _check(op, a, transposed, False), family="conv", doc=doc)
     register_schema(
         f"{type}Gradient", inputs=3, outputs=(1, 3), input_names=("X", "W", "dY"),
@@ -252,7 +254,7 @@ def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu
         extra["relu"] = True
     getattr(algo, direction)(ctx.xp, *args, plan.problem, buf, ctx.scratch, **extra)
     if relu and not fused:
-        ctx.xp.maximum(buf, 0, out=buf)
+        relu_kernels.relu(ctx.xp, buf, buf)
     if nhwc:
         out[...] = buf.transpose(0, 2, 3, 1)
 

@@ -161,12 +161,19 @@ def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
                       dX, ctx.scratch)
 
 
-@register_gradient("SpatialBN")
-def _spatial_bn_grad(g):
+def _bn_grad_op(g, relu: bool):
+    """SpatialBN(Relu)Gradient: X, scale, the statistics used (running ones in test mode),
+    dY, and for the fused op its output Y (the ReLU's mask)."""
     args = g.copy_args("is_test", "epsilon", "order")
     stats = [g.I(3), g.I(4)] if g.args.get("is_test", 0) else [g.O(3), g.O(4)]
-    return [g.op("SpatialBNGradient", [g.I(0), g.I(1), *stats, g.GO(0)],
+    return [g.op("SpatialBNReluGradient" if relu else "SpatialBNGradient",
+                 [g.I(0), g.I(1), *stats, g.GO(0), *([g.O(0)] if relu else [])],
                  [g.GI(0), g.GI(1), g.GI(2)], **args)]
+
+
+@register_gradient("SpatialBN")
+def _spatial_bn_grad(g):
+    return _bn_grad_op(g, relu=False)
 
 
 # SpatialBNRelu: SpatialBN then ReLU in the same passes (a bind-time fusion's target) ------
@@ -204,10 +211,7 @@ def spatial_bn_relu_gradient(ctx, X, scale, mean, inv_std, dY, Y):
 
 @register_gradient("SpatialBNRelu")
 def _spatial_bn_relu_grad(g):
-    args = g.copy_args("is_test", "epsilon", "order")
-    stats = [g.I(3), g.I(4)] if g.args.get("is_test", 0) else [g.O(3), g.O(4)]
-    return [g.op("SpatialBNReluGradient", [g.I(0), g.I(1), *stats, g.GO(0), g.O(0)],
-                 [g.GI(0), g.GI(1), g.GI(2)], **args)]
+    return _bn_grad_op(g, relu=True)
 
 
 @register_preparer("SpatialBN", "SpatialBNGradient", "SpatialBNRelu", "SpatialBNReluGradient")
