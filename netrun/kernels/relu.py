@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from netrun.kernels import jit
 import netrun.kernels.jit.batch_norm as jit_bn
-from netrun.kernels import parallel
+from netrun.kernels import jit, parallel
 
 
 def _compiled(xp: Any, *arrays) -> bool:
