@@ -28,14 +28,17 @@ from netrun.errors import ShapeError
 #   everything else im2col + GEMM.
 # The NumPy Winograd and FFT algorithms win only for some shapes; exhaustive search finds those.
 # oneDNN (where installed) goes first, after the depthwise algorithms, for kernels larger
-# than 1×1 (its reorders to and from NCHW cost more than a 1×1 GEMM saves), except: for
+# than 1×1 (its reorders to and from NCHW cost more than a 1×1 GEMM saves, except for one
+# image, where its OpenMP team beats the GEMM: ResNet-50 at batch 1 1.25× faster), except: for
 # filter gradients only while a group has at most ONEDNN_MAX_FILTER_CHANNELS channels either
 # way (it sums the batch in chunks, and on wide layers loses to the GEMM algorithms); for data
 # gradients not for first layers (C < ONEDNN_MIN_DATA_CHANNELS: its strided kernel is slow);
 # and never where compiled Winograd runs layers of ONEDNN_WINOGRAD_CHANNELS channels or more
 # (4× fewer multiplications).
 # Below ONEDNN_MIN_FLOPS a layer's work is smaller than oneDNN's fixed cost per call (reorders
-# in and out, a Python-side plan: ~0.3 ms), and the NumPy algorithms win (ResNet-20 at batch 1).
+# in and out, a Python-side plan, and the hand-off of its batch chunks to netrun's workers),
+# and the NumPy algorithms win; except for one image, which oneDNN runs as one call on an
+# OpenMP team (netrun.conv.cpu.onednn): ResNet-20 at batch 1 runs 1.25× faster that way.
 ONEDNN_MIN_FLOPS = 16_000_000
 # Nor single-channel first layers (LeNet's 1→20 5×5: 2× slower than im2col forward), nor,
 # where the Fourier form (dft_gemm) qualifies, before it (LeNet's and CIFAR's 5×5 layers), nor
@@ -94,7 +97,9 @@ def preference(p: ConvProblem, backend: str = "cpu",
 
 def _onednn_first(p: ConvProblem, direction: str, winograd: bool, fourier: bool) -> bool:
     """Whether oneDNN leads the preference for this direction (see the notes above)."""
-    if p.kh * p.kw == 1 or direct_flops(p) < ONEDNN_MIN_FLOPS or fourier:
+    if fourier or (p.kh * p.kw == 1 and not (direction == "forward" and p.n == 1)):
+        return False
+    if direct_flops(p) < ONEDNN_MIN_FLOPS and not (direction == "forward" and p.n == 1):
         return False
     if p.cg < ONEDNN_MIN_CHANNELS:
         return False

@@ -68,6 +68,11 @@ def thread_count() -> int:
     return max(1, min(cores, MAX_THREADS))
 
 
+def in_chunk() -> bool:
+    """Whether this thread is running a chunk (work it starts now runs inline, on it alone)."""
+    return getattr(_LOCAL, "busy", False)
+
+
 def chunk_count(n: int, work: int = 0, block: int = 1) -> int:
     """How many chunks `chunks` cuts range(n) into, given `work` (elements touched; 0: no
     limit) and the caller's `block` (items it prefers to process at once; chunks are cut

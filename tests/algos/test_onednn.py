@@ -300,15 +300,15 @@ def test_the_rules_prefer_it_where_it_measured_faster():
 
 @needs_onednn
 @pytest.mark.parametrize("relu", [False, True])
-def test_one_image_split_by_output_channels_matches_the_reference(relu, monkeypatch):
-    """Batch 1 cuts the output channels into blocks (separate calls on slices of W and Y)."""
+def test_one_image_runs_on_an_openmp_team_and_matches_the_reference(relu, monkeypatch):
+    """Batch 1 forward is one call on a team of netrun's thread count (bigger batches: none)."""
     from netrun.conv.cpu import onednn as onednn_conv
 
-    monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)
-    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)
-    monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
     p = ConvProblem(1, 5, 9, 7, 70, 3, 3, 2, 1, 1, 0, 2, 1)
-    assert parallel.chunk_count(p.k, p.k * p.oh * p.ow * p.c * 9, 32) > 1
+    team = onednn_conv._team(p, True, relu)
+    assert team is not None and team.threads == 2
+    assert onednn_conv._team(replace(p, n=2), True, relu) is None
     rng = np.random.default_rng(3)
     x = rng.standard_normal((p.n, p.c, p.h, p.w)).astype(np.float32)
     w = rng.standard_normal((p.k, p.c, p.kh, p.kw)).astype(np.float32)
@@ -319,6 +319,32 @@ def test_one_image_split_by_output_channels_matches_the_reference(relu, monkeypa
                       (p.pt, p.pl, p.pb, p.pr), (p.dh, p.dw), p.group)
     ref = ref + b[None, :, None, None]
     _close(y, np.maximum(ref, 0) if relu else ref, "forward of one image")
+
+
+@needs_onednn
+def test_memory_objects_are_reused_while_the_buffers_stay_and_evicted_when_they_move():
+    """A primitive keeps each thread's recent argument sets; new addresses get new ones."""
+    from netrun.kernels.onednn import conv as engine
+
+    spec = engine.ConvSpec(1, 8, 6, 6, 8, 3, 3, 6, 6, (1, 1), (0, 0), (1, 1), (1, 1), 1)
+    d = engine.plan(spec, "forward", 1, plain=True)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    scratch = netrun.Workspace().scratch
+    outs = []
+    for i in range(d.prim.BOUND + 3):   # fresh arrays: every call binds a new set
+        x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
+        y = np.full((1, 8, 6, 6), np.nan, np.float32)
+        engine.run(d, 1, scratch, src=x, weights=w, dst=y)
+        ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), (1, 1), (1, 1, 1, 1),
+                          (1, 1), 1)
+        _close(y, ref, f"call {i}")
+        outs.append((x, y))
+    assert len(d.prim._bound.sets) == d.prim.BOUND
+    live = len(d.prim._memories)
+    x, y = outs[-1]
+    engine.run(d, 1, scratch, src=x, weights=w, dst=y)   # the same buffers again: no new ones
+    assert len(d.prim._memories) == live
 
 
 @needs_onednn

@@ -7,12 +7,21 @@ ReLU post-op (`fuses_relu`).
 
 Threads and determinism (same bits on any thread count, checked in tests/test_determinism.py):
 oneDNN's results can depend on its thread count: its filter gradient sums the batch across
-threads, and its GEMM-based kernels (small or grouped layers) split sums too. So every
-direction runs the fixed batch chunks of netrun.kernels.parallel (they depend on the
-problem, never on the thread count), one single-threaded oneDNN call per chunk on netrun's
-workers; forward and data-gradient chunks write their own images, and the chunks' partial
-dW and db are summed in chunk order. One OpenMP thread per call also means no OpenMP
-threads at all: nothing spins on the cores that netrun's workers need.
+threads, and its GEMM-based kernels (small or grouped layers) split sums too. So the
+gradients, and a forward pass big enough to cut, run the fixed batch chunks of
+netrun.kernels.parallel (they depend on the problem, never on the thread count), one
+single-threaded oneDNN call per chunk on netrun's workers; forward and data-gradient chunks
+write their own images, and the chunks' partial dW and db are summed in chunk order.
+
+The forward pass of one image is one call instead, on an OpenMP team of netrun's thread
+count, when the primitive is one of oneDNN's direct JIT kernels (`TEAM_KERNELS`): those
+hand each thread whole output rows and channel blocks and sum every output over all its
+inputs on one thread, so the bits do not depend on the team's size (tests/test_determinism.py
+checks 1, 2 and 3). Handing chunks to netrun's workers costs ~50 µs, more than most layers
+of a small net at batch 1; an OpenMP team's threads spin between calls, so starting it again
+costs a few µs. Only at batch 1, though: while they spin they take the cores that netrun's
+workers need for the chunked ops between the convolutions of a bigger batch (ResNet-20 at
+batch 4: 11% slower with teams, 12% faster at batch 1; benchmarks/README.md).
 """
 from __future__ import annotations
 
@@ -25,12 +34,15 @@ from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, register_algorithm
 from netrun.kernels import onednn, parallel
 from netrun.kernels.onednn import conv as engine
 
-# The batch (or, for one image, the output channels) in CHUNKS chunks at most (2 or 4 threads
-# share them evenly), none with less than CHUNK_MIN_FLOPS of work: handing a chunk to another
-# thread costs ~0.1 ms, and more while the threads take turns holding the GIL between ctypes
-# calls, so small layers run as one call.
+# The batch in CHUNKS chunks at most (2 or 4 threads share them evenly), none with less than
+# CHUNK_MIN_FLOPS of work: handing a chunk to another thread costs ~0.05-0.1 ms, and more
+# while the threads take turns holding the GIL between ctypes calls, so small layers run as
+# one call.
 CHUNKS = 4
 CHUNK_MIN_FLOPS = 8_000_000
+# oneDNN's direct JIT forward kernels (implementation names as oneDNN reports them): no sum
+# is split between threads. Its GEMM-based and reference kernels are left out.
+TEAM_KERNELS = ("jit:", "jit_1x1:", "jit_dw:", "brg")
 
 
 def spec(p: ConvProblem, n: int | None = None) -> engine.ConvSpec:
@@ -73,10 +85,9 @@ class OneDNNConv(ConvAlgorithm):
         if not self.applicable(p):
             return
         name = {"backward_filter": "backward_weights"}.get(direction, direction)
-        if direction == "forward" and p.n == 1 and p.group == 1:
-            parts = [replace(p, k=k1 - k0) for k0, k1 in _channel_spans(p)]
-        else:
-            parts = [replace(p, n=n1 - n0) for n0, n1 in _batch_spans(p)]
+        if direction == "forward" and _team(p, bias, relu) is not None:
+            return
+        parts = [replace(p, n=n1 - n0) for n0, n1 in _batch_spans(p)]
         for part in {q: None for q in parts}:   # each chunk size once, in order
             engine.plan(spec(part), name, 1, bias and direction != "backward_data",
                         relu and direction == "forward")
@@ -86,8 +97,9 @@ class OneDNNConv(ConvAlgorithm):
         bias = None if bias is None else _c(bias)
         y = _writable(out, scratch, "onednn.y")
 
-        if p.n == 1 and p.group == 1:
-            _forward_by_channels(p, x, w, bias, relu, y, scratch)
+        team = _team(p, bias is not None, relu)
+        if team is not None:
+            engine.run(team, team.threads, scratch, src=x, weights=w, bias=bias, dst=y)
         else:
             filters = _Filters(w, scratch)
 
@@ -171,26 +183,17 @@ def _filter_chunk(d, s, index: int, x, dy, dw, dbias, staged: dict):
     return commit
 
 
-def _forward_by_channels(p: ConvProblem, x, w, bias, relu, y, scratch) -> None:
-    """One image: fixed blocks of output channels as separate calls, so batch 1 uses every
-    worker; each block's filters and outputs are contiguous slices (K × C × kh × kw, 1 × K ×
-    oH × oW). The blocks depend on the problem only, so the bits do not depend on threads."""
-    def work(index, k0, k1):
-        part = replace(p, k=k1 - k0)
-        d = engine.plan(spec(part), "forward", 1, bias is not None, relu)
-        engine.run(d, 1, parallel.chunk_scratch(scratch, index), src=x, weights=w[k0:k1],
-                   bias=None if bias is None else bias[k0:k1], dst=y[:, k0:k1])
-
-    _split(p.k, _channel_split(p), work)
-
-
-def _channel_split(p: ConvProblem) -> tuple[int, int] | None:
-    """(work, block) for `parallel.chunks` over p's output channels; None: one call."""
-    per_channel = max(2 * p.oh * p.ow * p.c * p.kh * p.kw, 1)    # flops of one output channel
-    if p.k * per_channel < 2 * CHUNK_MIN_FLOPS:
+def _team(p: ConvProblem, bias: bool, relu: bool) -> engine.Direction | None:
+    """The forward plan for one call on an OpenMP team of netrun's thread count, when p is
+    one image and oneDNN runs it on a direct JIT kernel (see the module doc); None: run it
+    as chunks. Nested in a chunk: a team of one."""
+    if p.n > 1:   # mixing OpenMP teams with netrun's chunked ops between them costs more
         return None
-    block = max(-(-p.k // CHUNKS), -(-CHUNK_MIN_FLOPS // per_channel))
-    return 0, -(-block // 16) * 16    # whole blocks of oneDNN's channel blocking
+    threads = 1 if parallel.in_chunk() else parallel.thread_count()
+    d = engine.plan(spec(p), "forward", threads, bias, relu)
+    if d is None or not d.prim.impl.startswith(TEAM_KERNELS):
+        return None
+    return d
 
 
 def _batch_split(p: ConvProblem) -> tuple[int, int] | None:
@@ -218,10 +221,6 @@ def _spans(n: int, split: tuple[int, int] | None) -> list[tuple[int, int]]:
 
 def _batch_spans(p: ConvProblem) -> list[tuple[int, int]]:
     return _spans(p.n, _batch_split(p))
-
-
-def _channel_spans(p: ConvProblem) -> list[tuple[int, int]]:
-    return _spans(p.k, _channel_split(p))
 
 
 class _Filters:

@@ -39,6 +39,7 @@ _PROTOTYPES = {   # name -> argument types (every function returns a dnnl_status
     "dnnl_memory_desc_destroy": [c_void_p],
     "dnnl_memory_create": [_P, c_void_p, c_void_p, c_void_p],
     "dnnl_memory_destroy": [c_void_p],
+    "dnnl_memory_set_data_handle": [c_void_p, c_void_p],
     "dnnl_primitive_attr_create": [_P],
     "dnnl_primitive_attr_destroy": [c_void_p],
     "dnnl_primitive_attr_set_scratchpad_mode": [c_void_p, c_int],
@@ -186,12 +187,22 @@ class Attr:
 
 
 class Primitive:
-    """A primitive and its descriptor: the memory layouts it chose and its scratchpad size."""
+    """A primitive and its descriptor: the memory layouts it chose and its scratchpad size.
+
+    Executing wraps each (layout, address) in a oneDNN memory object; creating and destroying
+    them cost more than a small layer's convolution, so each thread keeps the memory objects
+    of its last BOUND argument sets (a net's buffers do not move between iterations).
+    """
+
+    BOUND = 16
 
     def __init__(self, lib: Library, pd: c_void_p, what: str):
         self.lib, self.pd, self.handle = lib, pd, c_void_p()
         f = lib.lib
-        weakref.finalize(self, _destroy_primitive, f, pd, self.handle)
+        self._memories: set[int] = set()    # every live memory object of every thread
+        self._bound = threading.local()
+        self._lock = threading.Lock()
+        weakref.finalize(self, _destroy_primitive, f, pd, self.handle, self._memories)
         lib.check(f.dnnl_primitive_create(byref(self.handle), pd), f"primitive_create ({what})")
         self.scratch_md = self.md("scratchpad_md")
         self.scratch_bytes = self.scratch_md.size if self.scratch_md is not None else 0
@@ -209,6 +220,23 @@ class Primitive:
 
     def execute(self, args: Sequence[tuple[int, MemoryDesc, int]]) -> None:
         """Run on this thread's stream with (argument index, layout, data pointer) triples."""
+        bound = getattr(self._bound, "sets", None)
+        if bound is None:
+            bound = self._bound.sets = {}
+        # the layouts' ids are safe in the key: the entry holds the layouts themselves
+        key = tuple((index, id(desc), pointer) for index, desc, pointer in args)
+        entry = bound.pop(key, None)
+        if entry is None:
+            entry = self._bind(args)
+            if len(bound) >= self.BOUND:
+                self._release(bound.pop(next(iter(bound))))
+        bound[key] = entry   # most recent last
+        f = self.lib.lib
+        self.lib.check(f.dnnl_primitive_execute(self.handle, self.lib.stream(), len(args),
+                                                entry[0]), f"primitive_execute ({self.impl})")
+
+    def _bind(self, args) -> tuple:
+        """(packed dnnl_exec_arg_t array, memory handles, layouts) for one argument set."""
         lib, f = self.lib, self.lib.lib
         mems = []
         try:
@@ -216,16 +244,27 @@ class Primitive:
                 m = c_void_p()
                 lib.check(f.dnnl_memory_create(byref(m), desc.handle, lib.engine,
                                                c_void_p(pointer)), "memory_create")
-                mems.append(m)
-            packed = (ExecArg * len(args))(*[ExecArg(a[0], m) for a, m in zip(args, mems)])
-            lib.check(f.dnnl_primitive_execute(self.handle, lib.stream(), len(args), packed),
-                      f"primitive_execute ({self.impl})")
-        finally:
+                mems.append(m.value)
+        except BaseException:
             for m in mems:
                 f.dnnl_memory_destroy(m)
+            raise
+        with self._lock:
+            self._memories.update(mems)
+        packed = (ExecArg * len(args))(*[ExecArg(a[0], m) for a, m in zip(args, mems)])
+        return packed, mems, [a[1] for a in args]
+
+    def _release(self, entry: tuple) -> None:
+        with self._lock:
+            for m in entry[1]:
+                self._memories.discard(m)
+                self.lib.lib.dnnl_memory_destroy(m)
 
 
-def _destroy_primitive(f, pd: c_void_p, handle: c_void_p) -> None:
+def _destroy_primitive(f, pd: c_void_p, handle: c_void_p, memories: set[int]) -> None:
+    for m in memories:
+        f.dnnl_memory_destroy(m)
+    memories.clear()
     if handle:
         f.dnnl_primitive_destroy(handle)
     f.dnnl_primitive_desc_destroy(pd)

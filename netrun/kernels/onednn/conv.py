@@ -55,8 +55,10 @@ class ConvSpec:
 class Direction:
     """One primitive with its reorders: `args` name which memory each argument uses."""
 
-    def __init__(self, lib: api.Library, prim: Primitive, user: dict[str, MemoryDesc]):
+    def __init__(self, lib: api.Library, prim: Primitive, user: dict[str, MemoryDesc],
+                 threads: int = 1):
         self.lib, self.prim = lib, prim
+        self.threads = threads   # the OpenMP thread count oneDNN fitted the primitive to
         self.chosen = {}      # argument -> the layout the primitive runs on
         self.reorders = {}    # argument -> the reorder between user and chosen layouts
         for arg, user_md in user.items():
@@ -176,9 +178,9 @@ def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bo
 
 
 def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
-          plain: bool = False) -> Direction | None:
-    """The compiled direction ('forward', 'backward_data', 'backward_weights') for s on the
-    calling thread's OpenMP thread count; None when oneDNN has no kernel for it."""
+          plain: bool = False, count: int = 1) -> Direction | None:
+    """The compiled direction ('forward', 'backward_data', 'backward_weights') for s on
+    `count` OpenMP threads (the caller has set them); None when oneDNN has no kernel for it."""
     lib = api.get()
     user = _user_mds(lib, s)
     hint = _forward_pd(lib, s, bias, relu and direction == "forward", plain)
@@ -186,7 +188,8 @@ def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
         return None
     if direction == "forward":
         prim = Primitive(lib, hint, "convolution forward")
-        return Direction(lib, prim, {a: user[a] for a in ("src", "weights", "dst", "bias")})
+        return Direction(lib, prim, {a: user[a] for a in ("src", "weights", "dst", "bias")},
+                         count)
     mds = _any_mds(lib, s, plain)
     attr = api.Attr(lib)
     try:
@@ -200,7 +203,7 @@ def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
                 return None
             prim = Primitive(lib, pd, "convolution backward data")
             return Direction(lib, prim, {"diff_src": user["src"], "weights": user["weights"],
-                                         "diff_dst": user["dst"]})
+                                         "diff_dst": user["dst"]}, count)
         pd = api.create_pd(
             lib, "dnnl_convolution_backward_weights_primitive_desc_create", lib.engine,
             lib.enums.alg["convolution_direct"], mds["src"].handle, mds["weights"].handle,
@@ -210,7 +213,8 @@ def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
             return None
         prim = Primitive(lib, pd, "convolution backward weights")
         return Direction(lib, prim, {"src": user["src"], "diff_weights": user["weights"],
-                                     "diff_dst": user["dst"], "diff_bias": user["bias"]})
+                                     "diff_dst": user["dst"], "diff_bias": user["bias"]},
+                         count)
     finally:   # the backward descriptors keep their own copy of the hint
         lib.lib.dnnl_primitive_desc_destroy(hint)
 
@@ -229,7 +233,7 @@ def plan(s: ConvSpec, direction: str, count: int, bias: bool = False, relu: bool
     if found is _PLANS:
         with _LOCK, threads.running(count):
             if key not in _PLANS:
-                _PLANS[key] = build(s, direction, bias, relu, plain)
+                _PLANS[key] = build(s, direction, bias, relu, plain, count)
             found = _PLANS[key]
     return found
 
