@@ -6,10 +6,11 @@ the caller's value back afterwards: libgomp is shared by everything in the proce
 links the same libgomp.so.1), so a count left behind on the main thread would quietly run
 the user's other OpenMP code on one thread.
 
-The conv algorithm calls with a count of 1 from each of netrun's workers (its results must
-not depend on the thread count; netrun.conv.cpu.onednn), so no OpenMP team starts at all.
-netrun leaves OpenMP's environment alone (OMP_WAIT_POLICY, GOMP_SPINCOUNT) for the same
-reason: the variables are process-wide and read by every OpenMP runtime that starts later.
+The conv algorithm mostly calls with a count of 1 from each of netrun's workers (its results
+must not depend on the thread count; netrun.conv.cpu.onednn); only one image's forward pass
+runs on a team of netrun's thread count, on kernels that split no sums. netrun leaves
+OpenMP's environment alone (OMP_WAIT_POLICY, GOMP_SPINCOUNT): the variables are process-wide
+and read by every OpenMP runtime that starts later (PyTorch's, in the same process).
 """
 from __future__ import annotations
 
