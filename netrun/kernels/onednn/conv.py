@@ -70,6 +70,16 @@ class Direction:
             self.chosen[arg] = chosen
             src, dst = (chosen, user_md) if arg in _OUTPUTS else (user_md, chosen)
             self.reorders[arg] = (_reorder(lib, src, dst), src, dst)
+        # What a call needs, worked out once (a call costs little more than its kernels):
+        # the argument indices, and one scratch region holding every blocked copy and the
+        # scratchpad at fixed aligned offsets.
+        self.index = {arg: api_arg(arg) for arg in self.chosen}
+        self.offsets, end = {}, 0
+        for arg in self.reorders:
+            self.offsets[arg], end = end, end + _aligned(self.chosen[arg].size)
+        self.scratchpad_offset = end
+        self.region_bytes = end + (_aligned(prim.scratch_bytes) if prim.scratch_bytes else 0)
+        self._src, self._dst = api_arg("src"), api_arg("dst")
 
     def stage(self, arg: str, array, scratch: Callable, key: str) -> Staged:
         """An input reordered once into this primitive's layout, for several calls (the
@@ -79,36 +89,40 @@ class Direction:
             return Staged(self.chosen[arg], array.ctypes.data, [array])
         prim, src, dst = self.reorders[arg]
         pointer = _buffer(scratch, key, self.chosen[arg].size, held)
-        prim.execute([(api_arg("src"), src, array.ctypes.data),
-                      (api_arg("dst"), dst, pointer)])
+        prim.execute([(self._src, src, array.ctypes.data), (self._dst, dst, pointer)])
         return Staged(self.chosen[arg], pointer, held)
 
     def run(self, arrays: dict[str, Any], scratch: Callable,
             staged: dict[str, Staged] | None = None) -> None:
         """Execute: reorder inputs in, run, reorder outputs out (arrays: NCHW, C-contiguous;
         `staged` inputs are already in this primitive's layout)."""
+        chosen, index = self.chosen, self.index
         pointers = {arg: a.ctypes.data for arg, a in arrays.items() if a is not None}
-        staged = {arg: ready.pointer for arg, ready in (staged or {}).items()
-                  if ready.md == self.chosen[arg]}
-        pointers.update({arg: p for arg, p in staged.items() if arg not in pointers})
-        held = []   # the scratch arrays behind raw pointers stay alive until the call ends
+        ready = {}
+        for arg, s in (staged or {}).items():
+            if s.md is chosen[arg] or s.md == chosen[arg]:
+                ready[arg] = s.pointer
+                pointers.setdefault(arg, s.pointer)
+        held = []   # the scratch array behind the raw pointers stays alive until the call ends
+        base = (_buffer(scratch, "onednn.region", self.region_bytes, held)
+                if self.region_bytes else 0)
+        blocked, outputs = {}, []
         for arg, (prim, src, dst) in self.reorders.items():
-            if arg not in pointers or arg in staged:
+            if arg not in pointers or arg in ready:
                 continue
-            staged[arg] = _buffer(scratch, f"onednn.{arg}", self.chosen[arg].size, held)
-            if arg not in _OUTPUTS:
-                prim.execute([(api_arg("src"), src, pointers[arg]),
-                              (api_arg("dst"), dst, staged[arg])])
-        args = [(api_arg(arg), self.chosen[arg], staged.get(arg, pointers[arg]))
-                for arg in pointers]
+            blocked[arg] = base + self.offsets[arg]
+            if arg in _OUTPUTS:
+                outputs.append((prim, src, dst, blocked[arg], pointers[arg]))
+            else:
+                prim.execute([(self._src, src, pointers[arg]), (self._dst, dst, blocked[arg])])
+        args = [(index[arg], chosen[arg], blocked.get(arg) or ready.get(arg) or pointer)
+                for arg, pointer in pointers.items()]
         if self.prim.scratch_bytes:
             args.append((api_arg("scratchpad"), self.prim.scratch_md,
-                         _buffer(scratch, "onednn.scratchpad", self.prim.scratch_bytes, held)))
+                         base + self.scratchpad_offset))
         self.prim.execute(args)
-        for arg, (prim, src, dst) in self.reorders.items():
-            if arg in _OUTPUTS and arg in staged:
-                prim.execute([(api_arg("src"), src, staged[arg]),
-                              (api_arg("dst"), dst, pointers[arg])])
+        for prim, src, dst, inside, outside in outputs:
+            prim.execute([(self._src, src, inside), (self._dst, dst, outside)])
 
 
 _OUTPUTS = ("dst", "diff_src", "diff_weights")
@@ -133,6 +147,10 @@ def _reorder(lib: api.Library, src: MemoryDesc, dst: MemoryDesc) -> Primitive:
     pd = api.create_pd(lib, "dnnl_reorder_primitive_desc_create", src.handle, lib.engine,
                        dst.handle, lib.engine, attr.handle, what="reorder")
     return Primitive(lib, pd, "reorder")
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 def _buffer(scratch: Callable, key: str, nbytes: int, held: list) -> int:
