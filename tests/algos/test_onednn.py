@@ -281,8 +281,8 @@ def test_a_net_with_the_switch_off_never_loads_it():
 
 @needs_onednn
 def test_the_rules_prefer_it_where_it_measured_faster():
-    """3×3 layers of ResNet-20's widths: every direction; 1×1: never; a first layer's data
-    gradient and a wide layer's filter gradient: the NumPy algorithms."""
+    """3×3 layers of ResNet-20's widths: every direction; 1×1: only for one image; a first
+    layer's data gradient and a wide layer's filter gradient: the NumPy algorithms."""
     def pick(p, direction):
         return rule_choice(p, applicable_algorithms(p), direction, "cpu", np).name
 
@@ -296,6 +296,11 @@ def test_the_rules_prefer_it_where_it_measured_faster():
     assert pick(wide, "forward") == "onednn" and pick(wide, "backward_filter") != "onednn"
     with_winograd = ConvProblem(128, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1, 1)
     assert pick(with_winograd, "forward") == "winograd_jit" or not jit.available()
+    # one image (an OpenMP team): every forward kernel, however small, 1×1 and Winograd's too
+    for p in (replace(r20, n=1), replace(one, n=1), replace(with_winograd, n=1),
+              ConvProblem(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1)):
+        assert pick(p, "forward") == "onednn", p.describe()
+    assert pick(replace(one, n=2), "forward") == "gemm_1x1"
 
 
 @needs_onednn
