@@ -19,11 +19,23 @@ the problem itself.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from netrun.conv.problem import ConvProblem
 
 Scratch = Callable[..., Any]   # scratch(key, shape, dtype) -> array
+
+
+@dataclass
+class KeptFilters:
+    """What an op tells a forward pass about its filters across runs: `version` changes
+    whenever their values may have (the blob was written), and `kept` is the op's own store,
+    where an algorithm that reorders filters may keep its copy while the version stays (the
+    constant weights of inference: ResNet-50's are 100 MB to reorder per image)."""
+
+    version: tuple
+    kept: dict
 
 
 class ConvAlgorithm:
@@ -33,9 +45,9 @@ class ConvAlgorithm:
     backend = "cpu"        # the backend whose arrays it runs on (its registry)
     deterministic = True   # same bits on every run (no atomics / reordering by timing)
     optional_engine = False   # an outside library that may fail to run: a search skips it
-    fuses_relu = False     # forward(..., relu=True) applies ReLU to its output
-    summary = ""           # one line for `netrun algos` and profiles
     fuses_relu = False     # forward takes relu=True and applies it itself (a post-op)
+    keeps_filters = False  # forward takes filters=KeptFilters (see there)
+    summary = ""           # one line for `netrun algos` and profiles
 
     def applicable(self, p: ConvProblem) -> bool:
         """Whether this algorithm handles the problem."""

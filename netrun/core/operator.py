@@ -46,6 +46,8 @@ class OpContext:
     def output(self, i: int, shape, dtype="float32") -> Any:
         """A buffer for output i, reused from the previous run when shape and dtype still fit."""
         name = self._outputs[i]
+        versions = self.ws._versions
+        versions[name] = versions.get(name, 0) + 1
         if type(shape) is not tuple:
             shape = tuple(int(d) for d in shape)
         existing = self.ws._blobs.get(name)
@@ -125,6 +127,7 @@ class Operator:
                     value = value.view()
                     break
             blobs[name] = value
+            ws.touch(name)
 
 
     def _diagnose(self, inputs: tuple, error: Exception) -> Exception:

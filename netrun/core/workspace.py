@@ -26,6 +26,9 @@ class Workspace:
         # GPU: make the device and its stream current for this thread (sticky; CPU: no-op).
         self.backend.activate()
         self._blobs: dict[str, Any] = {}
+        # Writes per blob (feeds, op outputs, touch): what lets an op keep something derived
+        # from a blob (a reordered copy of its filters) while the blob stays the same.
+        self._versions: dict[str, int] = {}
         self._nets: dict[str, SimpleNet] = {}
         # How conv ops pick algorithms here, and what they picked (netrun.conv.configure).
         self.conv = ConvState()
@@ -46,6 +49,7 @@ class Workspace:
         host = np.asarray(value, dtype=dtype)
         self.backend.activate()
         self._blobs[name] = self.backend.to_device(host)
+        self.touch(name)
         self.memory.fed(name, self._blobs, self)   # plans bound nets waiting for this shape
 
     def fetch_blob(self, name: str) -> np.ndarray:
@@ -64,9 +68,22 @@ class Workspace:
 
     def remove_blob(self, name: str) -> None:
         self._blobs.pop(name, None)
+        self.touch(name)
+
+    def version(self, name: str) -> int:
+        """A number that changes whenever blob `name` is written (fed, an op's output, or
+        `touch`): equal readings mean the same values."""
+        return self._versions.get(name, 0)
+
+    def touch(self, name: str) -> None:
+        """Record a write into blob `name` made in place outside ops and feeds (code that
+        writes through `get_blob` must call this, or ops may use what they derived from the
+        old values)."""
+        self._versions[name] = self._versions.get(name, 0) + 1
 
     def get_blob(self, name: str) -> Any:
-        """The blob's array on the device, not copied (for code that stays on the device)."""
+        """The blob's array on the device, not copied (for code that stays on the device;
+        after writing into it, call `touch`)."""
         return self._blobs[name]
 
     def scratch(self, key: str, shape, dtype="float32") -> Any:

@@ -23,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from netrun.conv import DIRECTIONS, ConvPlan, ConvProblem, choose, op_directions, warm_up
-from netrun.conv.algorithm import algorithm_names
+from netrun.conv.algorithm import KeptFilters, algorithm_names
 from netrun.conv.cpu import jit_depthwise, jit_winograd
 from netrun.conv.rules import fixed_algorithm
 from netrun.conv.select import run_direction
@@ -252,6 +252,10 @@ def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu
     fused = relu and algo.fuses_relu
     if fused:
         extra["relu"] = True
+    if direction == "forward" and algo.keeps_filters and not nhwc:
+        w = ctx.def_.inputs[1]
+        extra["filters"] = KeptFilters((id(ctx.ws.get_blob(w)), ctx.ws.version(w)),
+                                       ctx.state.setdefault("kept_filters", {}))
     getattr(algo, direction)(ctx.xp, *args, plan.problem, buf, ctx.scratch, **extra)
     if relu and not fused:
         relu_kernels.relu(ctx.xp, buf, buf)

@@ -69,5 +69,6 @@ def _store(ws, name: str, value: np.ndarray) -> None:
         old = ws.get_blob(name)
         if tuple(old.shape) == value.shape and old.dtype == value.dtype:
             old[...] = ws.backend.to_device(value)
+            ws.touch(name)
             return
     ws.feed_blob(name, value)

@@ -230,6 +230,7 @@ class Trainer:
             for p in nets.params:
                 acc = ws.get_blob(nets.grads[p])
                 acc[...] = 0
+                ws.touch(nets.grads[p])
         loss = 0.0
         for _ in range(cfg.iter_size):
             self._feed(self.loader.next())

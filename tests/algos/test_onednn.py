@@ -374,3 +374,47 @@ def test_binding_builds_the_primitives_the_first_run_needs(batch):
     assert bound > before
     ws.run_net("n")
     assert len(engine._PLANS) == bound
+
+
+@needs_onednn
+@pytest.mark.parametrize("batch", [1, 8])
+def test_constant_filters_are_kept_reordered_and_follow_every_write(batch):
+    """From the second run with the same filters on, the op keeps them in oneDNN's layout;
+    a feed, an op writing them and a touched in-place write all reach the output."""
+    ws = netrun.Workspace()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((batch, 16, 12, 12)).astype(np.float32)
+    ws.feed_blob("X", x)
+    ws.feed_blob("b", np.zeros(32, np.float32))
+    conv = netrun.op("Conv", ["X", "W", "b"], ["Y"], kernel=3, pad=1, algo="onednn")
+    ws.create_net(netrun.NetDef("infer", [conv]))
+    # another net that writes W in place (as an update op does)
+    ws.create_net(netrun.NetDef("update", [netrun.op("Scale", ["W"], ["W"], scale=-1.0)]))
+
+    def check(what: str) -> None:
+        w = ws.fetch_blob("W")
+        ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), (1, 1), (1, 1, 1, 1),
+                          (1, 1), 1)
+        _close(ws.fetch_blob("Y"), ref, what)
+
+    ws.feed_blob("W", rng.standard_normal((32, 16, 3, 3)).astype(np.float32))
+    for i in range(3):
+        ws.run_net("infer")
+        check(f"run {i}")
+    op = ws._nets["infer"].ops[0]
+    kept = [v for k, v in op.ctx.state["kept_filters"].items() if k != "seen"]
+    assert len(kept) == 1, "the third run with the same filters should use a kept copy"
+
+    ws.feed_blob("W", rng.standard_normal((32, 16, 3, 3)).astype(np.float32))
+    ws.run_net("infer")
+    check("after a feed")
+    for i in range(3):
+        ws.run_net("update")
+        ws.run_net("infer")
+        check(f"after an op wrote W ({i})")
+    for _ in range(2):
+        ws.run_net("infer")
+    ws.get_blob("W")[...] *= 0.5
+    ws.touch("W")
+    ws.run_net("infer")
+    check("after an in-place write and touch")

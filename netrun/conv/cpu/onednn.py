@@ -30,7 +30,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, register_algorithm
+from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, KeptFilters, register_algorithm
 from netrun.kernels import onednn, parallel
 from netrun.kernels.onednn import conv as engine
 
@@ -59,6 +59,7 @@ class OneDNNConv(ConvAlgorithm):
     name = "onednn"
     optional_engine = True
     fuses_relu = True
+    keeps_filters = True
     summary = "oneDNN (netrun[onednn]): direct convolution in blocked layouts, fused bias/ReLU"
 
     def applicable(self, p: ConvProblem) -> bool:
@@ -92,21 +93,23 @@ class OneDNNConv(ConvAlgorithm):
             engine.plan(spec(part), name, 1, bias and direction != "backward_data",
                         relu and direction == "forward")
 
-    def forward(self, xp, x, w, p, out, scratch, bias=None, relu=False):
+    def forward(self, xp, x, w, p, out, scratch, bias=None, relu=False, filters=None):
         x, w = _c(x), _c(w)
         bias = None if bias is None else _c(bias)
         y = _writable(out, scratch, "onednn.y")
 
         team = _team(p, bias is not None, relu)
         if team is not None:
-            engine.run(team, team.threads, scratch, src=x, weights=w, bias=bias, dst=y)
+            kept = _kept(team, w, filters)
+            engine.run(team, team.threads, scratch, kept and {"weights": kept}, src=x,
+                       weights=None if kept else w, bias=bias, dst=y)
         else:
-            filters = _Filters(w, scratch)
+            staged = _Filters(w, scratch, filters)
 
             def work(index, n0, n1):
                 d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, relu)
                 engine.run(d, 1, parallel.chunk_scratch(scratch, index),
-                           filters.staged(d), src=x[n0:n1], bias=bias, dst=y[n0:n1])
+                           staged.staged(d), src=x[n0:n1], bias=bias, dst=y[n0:n1])
 
             _chunks(p, work)
         if y is not out:
@@ -225,10 +228,11 @@ def _batch_spans(p: ConvProblem) -> list[tuple[int, int]]:
 
 class _Filters:
     """The filters of one pass, reordered into oneDNN's layout once and shared by its batch
-    chunks (each chunk reordering them again cost as much as a small layer's convolution)."""
+    chunks (each chunk reordering them again cost as much as a small layer's convolution),
+    or kept from an earlier pass (`_kept`)."""
 
-    def __init__(self, w, scratch):
-        self.w, self.scratch = w, scratch
+    def __init__(self, w, scratch, kept: KeptFilters | None = None):
+        self.w, self.scratch, self.kept = w, scratch, kept
         self.ready: list = []
         self.lock = threading.Lock()
 
@@ -238,10 +242,30 @@ class _Filters:
             for ready in self.ready:   # chunks of another size may want another layout
                 if ready.md == d.chosen["weights"]:
                     return {"weights": ready}
-            ready = engine.stage(d, 1, "weights", self.w, self.scratch,
-                                 f"onednn.weights_staged{len(self.ready)}")
+            ready = _kept(d, self.w, self.kept) or engine.stage(
+                d, 1, "weights", self.w, self.scratch, f"onednn.weights_staged{len(self.ready)}")
             self.ready.append(ready)
             return {"weights": ready}
+
+
+def _kept(d: engine.Direction, w, filters: KeptFilters | None) -> engine.Staged | None:
+    """The filters in d's layout, kept between passes while their version stays; None: stage
+    them in scratch as usual. A copy is kept from the second pass in a row that sees the same
+    version on: training changes the filters every step, and holds no copy."""
+    if filters is None or "weights" not in d.reorders:
+        return None
+    kept = filters.kept
+    entry = kept.get(d)
+    if entry is not None and entry[0] == filters.version:
+        return entry[1]
+    if kept.get("seen") != filters.version:
+        kept["seen"] = filters.version
+        kept.pop(d, None)
+        return None
+    staged = engine.stage(d, d.threads, "weights", w,
+                          lambda key, shape, dtype: np.empty(shape, dtype), "onednn.kept")
+    kept[d] = (filters.version, staged)
+    return staged
 
 
 def _chunks(p: ConvProblem, work) -> None:
