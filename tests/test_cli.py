@@ -41,7 +41,7 @@ def test_ops_lists_the_catalogue():
     assert "operators" in result.stderr  # the count is a diagnostic, not data
     rows = {r["type"]: r for r in json.loads(run("ops", "--json").stdout)}
     assert rows["Conv"]["gradient"] is True and rows["XavierFill"]["gradient"] is False
-    assert rows["Conv"]["inputs"] == {"min": 2, "max": 3, "names": ["X", "W", "b"]}
+    assert rows["Conv"]["inputs"] == {"min": 2, "max": 4, "names": ["X", "W", "b", "S"]}
     assert rows["Relu"]["family"] == "activation"
 
 

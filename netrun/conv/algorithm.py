@@ -46,6 +46,7 @@ class ConvAlgorithm:
     deterministic = True   # same bits on every run (no atomics / reordering by timing)
     optional_engine = False   # an outside library that may fail to run: a search skips it
     fuses_relu = False     # forward takes relu=True and applies it itself (a post-op)
+    fuses_residual = False  # forward takes residual=S: out = conv + bias + S, then the ReLU
     keeps_filters = False  # forward takes filters=KeptFilters (see there)
     summary = ""           # one line for `netrun algos` and profiles
 

@@ -26,6 +26,12 @@ def relu(xp: Any, X, Y):
     return Y
 
 
+def add_relu(xp: Any, A, B, Y, rectify: bool = True):
+    """Y = A + B, then max(·, 0) when `rectify` (Y may be A or B); returns Y."""
+    xp.add(A, B, out=Y)
+    return relu(xp, Y, Y) if rectify else Y
+
+
 def relu_gradient(xp: Any, Y, dY, dX):
     """dX = dY·(Y > 0) (dX may be dY; NaN·0 stays NaN, as in NumPy); returns dX."""
     if _compiled(xp, Y, dY, dX):

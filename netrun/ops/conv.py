@@ -35,6 +35,7 @@ from netrun.errors import SchemaError, ShapeError, suggest
 from netrun.kernels import jit
 from netrun.kernels import relu as relu_kernels
 from netrun.kernels.geometry import ConvGeometry
+from netrun.kernels.jit import blocked as jit_blocked
 from netrun.kernels.jit import im2col as jit_im2col
 from netrun.ops.common import conv_pool_args
 
@@ -153,14 +154,18 @@ def _conv_flops(p: ConvProblem) -> int:
 
 def _make_shape_fn(transposed: bool):
     def shape_fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
-        return [TensorSpec(_conv_problem(args, ins, transposed)[1], ins[0].dtype)]
+        out = _conv_problem(args, ins[:3], transposed)[1]
+        if len(ins) > 3 and tuple(ins[3].shape) != tuple(out):
+            raise ShapeError(f"the residual S has shape {ins[3]} but the output is "
+                             f"{'×'.join(map(str, out))}")
+        return [TensorSpec(out, ins[0].dtype)]
     return shape_fn
 
 
 def _make_cost_fn(transposed: bool):
     def cost_fn(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
         flops = _conv_flops(_conv_problem(args, ins[:2], transposed)[0])
-        bias = outs[0].size if len(ins) > 2 else 0
+        bias = outs[0].size * (len(ins) - 2)   # the bias and a residual: one add each
         return Cost(flops + bias, sum(i.nbytes for i in ins), sum(o.nbytes for o in outs))
     return cost_fn
 
@@ -187,8 +192,10 @@ _RELU = Arg("relu", "int", 0, allowed=(0, 1),
 
 def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
     args = _COMMON + (_ADJ if transposed else ())
+    most = 3 if transposed else 4    # Conv's optional S: the rewrites' residual sum
     register_schema(
-        type, inputs=(2, 3), outputs=1, input_names=("X", "W", "b"), output_names=("Y",),
+        type, inputs=(2, most), outputs=1, input_names=("X", "W", "b", "S")[:most],
+        output_names=("Y",),
         args=args + (() if transposed else (_RELU,)), shape_fn=_make_shape_fn(transposed),
         cost_fn=_make_cost_fn(transposed),
         check_fn=lambda op, a: _check(op, a, transposed, False), family="conv", doc=doc)
@@ -243,13 +250,17 @@ def _to_nchw(ctx, key: str, a, nhwc: bool):
 
 
 def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu: bool = False,
-         **extra) -> None:
+         residual=None, **extra) -> None:
     """One direction of the chosen algorithm straight into `out`, or via scratch and a
-    transpose for NHWC; relu: max(out, 0), as the algorithm's post-op when it has one."""
+    transpose for NHWC; residual: + S (a forward pass's residual sum), then relu: max(out,
+    0), each inside the algorithm where it can."""
     buf = out if not nhwc else ctx.scratch(f"conv.nchw_out_{direction}", _nchw(out.shape, True),
                                            out.dtype)
     algo = _algo(ctx, plan, direction, args, buf)
-    fused = relu and algo.fuses_relu
+    if residual is not None and algo.fuses_residual and not nhwc:
+        extra["residual"], residual = residual, None
+    # the ReLU comes after the sum: fused only where the sum is
+    fused = relu and algo.fuses_relu and residual is None
     if fused:
         extra["relu"] = True
     if direction == "forward" and algo.keeps_filters and not nhwc:
@@ -257,19 +268,26 @@ def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu
         extra["filters"] = KeptFilters((id(ctx.ws.get_blob(w)), ctx.ws.version(w)),
                                        ctx.state.setdefault("kept_filters", {}))
     getattr(algo, direction)(ctx.xp, *args, plan.problem, buf, ctx.scratch, **extra)
-    if relu and not fused:
-        relu_kernels.relu(ctx.xp, buf, buf)
     if nhwc:
         out[...] = buf.transpose(0, 2, 3, 1)
+    if residual is not None:
+        relu_kernels.add_relu(ctx.xp, out, residual, out, relu)
+    elif relu and not fused:
+        relu_kernels.relu(ctx.xp, out, out)
 
 
-def _forward(ctx, X, W, b) -> None:
+def _forward(ctx, X, W, b, S=None) -> None:
     plan = _plan(ctx, X, W)
     nhwc = ctx.args.order == "NHWC"
+    if S is not None and tuple(S.shape) != plan.out_shape:
+        raise ShapeError(f"op {ctx.def_.label}: the residual S has shape "
+                         f"{'×'.join(map(str, S.shape))} but the output is "
+                         f"{'×'.join(map(str, plan.out_shape))}")
     Y = ctx.output(0, plan.out_shape, X.dtype)
     x, w = _to_nchw(ctx, "x", X, nhwc), _to_nchw(ctx, "w", W, nhwc)
     if ctx.def_.type == "Conv":   # the algorithm adds the bias (fused into its GEMM if it can)
-        _run(ctx, plan, Y, nhwc, "forward", (x, w), relu=bool(ctx.args.relu), bias=b)
+        _run(ctx, plan, Y, nhwc, "forward", (x, w), relu=bool(ctx.args.relu), residual=S,
+             bias=b)
         return
     # ConvTranspose is the data gradient of the equivalent conv
     _run(ctx, plan, Y, nhwc, "backward_data", (x, w))
@@ -311,7 +329,7 @@ def _backward(ctx, X, W, dY) -> None:
 def _maker(g) -> list:
     """Gradient op with outputs dW, [db], [dX]; dX only when someone needs it. A fused ReLU
     (relu=1) first masks dY with the output."""
-    has_bias = len(g.def_.inputs) == 3
+    has_bias = len(g.def_.inputs) >= 3
     outs = [g.GI(1)] + ([g.GI(2)] if has_bias else []) + ([g.GI(0)] if g.needs(0) else [])
     args = {k: v for k, v in g.copy_args().items() if k != "relu"}
     args["no_bias"] = int(not has_bias)
@@ -320,7 +338,10 @@ def _maker(g) -> list:
         masked = f"{dy}_relu"
         ops.append(g.op("ReluGradient", [g.O(0), dy], [masked]))
         dy = masked
-    return ops + [g.op(f"{g.def_.type}Gradient", [g.I(0), g.I(1), dy], outs, **args)]
+    ops.append(g.op(f"{g.def_.type}Gradient", [g.I(0), g.I(1), dy], outs, **args))
+    if len(g.def_.inputs) > 3 and g.needs(3):   # a residual S: dS is the (masked) dY
+        ops.append(g.op("Copy", [dy], [g.GI(3)]))
+    return ops
 
 
 # The compiled kernels an algorithm may call load when a conv op is bound, not inside its first
@@ -331,6 +352,8 @@ def _prepare(ctx) -> None:
         return
     jit_depthwise.prepare(ctx.args)
     jit_winograd.prepare(ctx.args)
+    if len(ctx.def_.inputs) > 3:
+        jit_blocked.prepare()
     if ctx.args.group == 1 and ctx.args.algo in ("", "im2col_gemm"):
         jit_im2col.prepare()
 
@@ -362,7 +385,8 @@ def _warm_up(ws, op, args, ins) -> None:
     # a filter gradient's db); ConvTranspose adds its bias outside the algorithm
     bias = len(op.inputs) > 2 if op.type == "Conv" else (
         op.type == "ConvGradient" and not args.no_bias)
-    relu = op.type == "Conv" and bool(getattr(args, "relu", 0))
+    # with a residual S the ReLU comes after the sum, outside the primitive
+    relu = op.type == "Conv" and bool(getattr(args, "relu", 0)) and len(op.inputs) < 4
     for d, algo in _rule_picks(ws, problem, op, args).items():
         warm_up(ws.conv, algo, problem, d, np, bias=bias, relu=relu)
 
@@ -371,14 +395,15 @@ def _warm_up(ws, op, args, ins) -> None:
 _register("Conv", False,
           doc="Y = conv(X, W) + b. X is N×C×H×W (or NHWC), W is M×C/G×kh×kw (NHWC: M×kh×kw×C/G), "
               "b is M. Output size per axis: floor((in + pad_head + pad_tail - dil·(k-1) - 1) / "
-              "stride) + 1.",
+              "stride) + 1. An optional S of Y's shape is added before the ReLU (relu=1): the "
+              "residual sum the inference rewrites fuse into the conv.",
           grad_doc="Inputs X, W, dY; outputs dW, db (unless no_bias), then dX if listed.")
 
 
 @register_kernel("Conv")
-def conv(ctx, X, W, b=None):
-    """Y = conv(X, W) + b with the chosen algorithm's forward pass."""
-    _forward(ctx, X, W, b)
+def conv(ctx, X, W, b=None, S=None):
+    """Y = conv(X, W) + b (+ S) with the chosen algorithm's forward pass."""
+    _forward(ctx, X, W, b, S)
 
 
 @register_kernel("ConvGradient")

@@ -1,5 +1,5 @@
 """Inference rules: test-mode normalization folded into the conv, ReLU fused into the conv
-and into the residual sum."""
+and into the residual sum, and that sum into the conv that feeds it."""
 from __future__ import annotations
 
 from netrun.proto.defs import OperatorDef
@@ -129,6 +129,31 @@ def _add_relu(g: Graph, ctx: Context) -> Match | None:
     return None
 
 
+def _conv_add_relu(g: Graph, ctx: Context) -> Match | None:
+    for j, add in enumerate(g.ops):
+        if add.type != "AddRelu" or len(add.inputs) != 2 or add.outputs[0] in add.inputs:
+            continue
+        convs = []
+        for slot in (0, 1):
+            found = g.producer(j, slot)
+            if found is None:
+                continue
+            i, conv = found
+            other = add.inputs[1 - slot]
+            if (conv.type == "Conv" and not int(conv.args.get("relu", 0))
+                    and len(conv.inputs) == 3 and conv.args.get("order", "NCHW") == "NCHW"
+                    and other not in conv.outputs and g.private(i, j)
+                    and g.clean_between(i, j, conv.inputs)):
+                convs.append((i, conv, other))
+        if not convs:
+            continue
+        i, conv, residual = max(convs, key=lambda c: c[0])   # the later conv moves less
+        fused = conv.with_(inputs=(*conv.inputs, residual), outputs=add.outputs,
+                           args={**conv.args, "relu": 1}, name=fused_name(conv, add))
+        return Match((i, j), fused)
+    return None
+
+
 RULES = (
     Rule("fold_spatial_bn", "SpatialBN (is_test) after a Conv folded into its weights and bias",
          "inference", _fold_spatial_bn),
@@ -138,4 +163,7 @@ RULES = (
          "has one)", "inference", _conv_relu),
     Rule("add_relu", "Add (or a two-input Sum) then Relu: one AddRelu op", "inference",
          _add_relu),
+    Rule("conv_add_relu", "a Conv's output summed by an AddRelu: the Conv with the other "
+         "summand as its residual input S and relu=1 (one pass out of oneDNN's layout)",
+         "inference", _conv_add_relu),
 )

@@ -418,3 +418,31 @@ def test_constant_filters_are_kept_reordered_and_follow_every_write(batch):
     ws.touch("W")
     ws.run_net("infer")
     check("after an in-place write and touch")
+
+
+@needs_onednn
+@pytest.mark.parametrize("batch,relu", [(1, True), (8, True), (8, False), (3, True)])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_residual_is_summed_out_of_the_blocked_layout(batch, relu, compiled):
+    """out = conv + b + S, then the ReLU: one pass from oneDNN's blocked output (20 channels:
+    a padded last block), or NumPy's without the compiled engine."""
+    p = ConvProblem(batch, 12, 9, 9, 20, 3, 3, 1, 1, 1, 1, 1, 1)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((p.n, p.c, p.h, p.w)).astype(np.float32)
+    w = rng.standard_normal((p.k, p.c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(p.k).astype(np.float32)
+    s = rng.standard_normal((p.n, p.k, p.oh, p.ow)).astype(np.float32)
+    y = np.full_like(s, np.nan)
+    if not compiled:
+        with jit.disabled():
+            ALGO.forward(np, x, w, p, y, netrun.Workspace().scratch, bias=b, relu=relu,
+                         residual=s)
+    elif not jit.available():
+        pytest.skip("the compiled engine (Numba) is not installed")
+    else:
+        ALGO.forward(np, x, w, p, y, netrun.Workspace().scratch, bias=b, relu=relu,
+                     residual=s)
+    ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), (1, 1), (1, 1, 1, 1),
+                      (1, 1), 1)
+    ref = ref + b[None, :, None, None] + s
+    _close(y, np.maximum(ref, 0) if relu else ref, "forward with a residual")

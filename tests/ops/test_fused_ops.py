@@ -1,5 +1,6 @@
-"""The ops and arguments the bind-time rewrites make: AddRelu and Conv's relu argument, each
-against float64 finite differences and PyTorch, and on every CPU conv algorithm."""
+"""The ops and arguments the bind-time rewrites make: AddRelu, Conv's relu argument and its
+residual input S, each against float64 finite differences and PyTorch, and on every CPU conv
+algorithm."""
 from __future__ import annotations
 
 import numpy as np
@@ -135,3 +136,32 @@ def test_conv_passes_relu_to_an_algorithm_that_fuses_it(monkeypatch):
     plain = run_op(_conv(0, algo="im2col_gemm"), {"X": x, "W": w, "b": b})[0]
     assert seen == [True, False]
     np.testing.assert_allclose(fused, np.maximum(2 * plain, 0), rtol=1e-6)
+
+
+def test_conv_with_a_residual_gradient():
+    """relu(conv(X, W) + b + S): dS is the masked dY, the rest as Conv with relu=1."""
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((2, 3, 5, 5)), rng.standard_normal((4, 3, 3, 3))
+    b, s = rng.standard_normal(4), _away_from_kink(rng, (2, 4, 5, 5)) * 3
+    conv = netrun.op("Conv", ["X", "W", "b", "S"], ["Y"], kernel=3, pad=1, relu=1)
+    check_gradient(conv, {"X": x, "W": w, "b": b, "S": s}, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+def test_conv_with_a_residual_every_cpu_algorithm(nhwc):
+    """Conv(X, W, b, S) with relu=1 equals AddRelu(conv, S) after the same algorithm, bit for
+    bit (an algorithm that fuses the sum reads S while it writes the output)."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 8, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((6, 8, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    s = rng.standard_normal((2, 6, 10, 10)).astype(np.float32)
+    if nhwc:
+        x, w, s = (a.transpose(0, 2, 3, 1).copy() for a in (x, w, s))
+    order = {"order": "NHWC"} if nhwc else {}
+    for algo in [a.name for a in applicable_algorithms(_problem())]:
+        plain = run_op(_conv(0, algo=algo, **order), {"X": x, "W": w, "b": b})[0]
+        conv = netrun.op("Conv", ["X", "W", "b", "S"], ["Y"], kernel=3, pad=1, relu=1,
+                         algo=algo, **order)
+        fused = run_op(conv, {"X": x, "W": w, "b": b, "S": s})[0]
+        np.testing.assert_array_equal(fused, np.maximum(plain + s, 0), err_msg=algo)

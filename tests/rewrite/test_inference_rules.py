@@ -69,9 +69,12 @@ def test_block_rewritten_equals_written(dtype, tol):
     blobs = _block_blobs(dtype)
     want, _ = _run(_block(), blobs, ["out"], fuse=False)
     got, done = _run(_block(), blobs, ["out"])
-    assert done.counts() == {"fold_spatial_bn": 2, "conv_relu": 1, "add_relu": 1}
-    assert [o.type for o in done.net.ops] == ["Conv", "Conv", "AddRelu"]
+    assert done.counts() == {"fold_spatial_bn": 2, "conv_relu": 1, "add_relu": 1,
+                             "conv_add_relu": 1}
+    assert [o.type for o in done.net.ops] == ["Conv", "Conv"]
     assert done.net.ops[0].args["relu"] == 1 and "no_bias" not in done.net.ops[0].args
+    # the second conv sums the shortcut r1 itself, then applies the ReLU
+    assert done.net.ops[1].inputs[3] == "r1" and done.net.ops[1].args["relu"] == 1
     assert (want["out"] > 0).any() and (want["out"] == 0).any()
     np.testing.assert_allclose(got["out"], want["out"], rtol=tol, atol=tol)
 
@@ -199,6 +202,7 @@ def test_resnet20_predict_net(monkeypatch):
         ws.run_net(done.net.name)
         outs[fuse] = ws.fetch_blob(model.outputs[0])
         if fuse:
-            assert done.counts() == {"fold_spatial_bn": 21, "conv_relu": 10, "add_relu": 9}
+            assert done.counts() == {"fold_spatial_bn": 21, "conv_relu": 10, "add_relu": 9,
+                                     "conv_add_relu": 9}
     scale = np.abs(outs[False]).max()
     np.testing.assert_allclose(outs[True], outs[False], rtol=1e-4, atol=1e-4 * scale)

@@ -134,7 +134,8 @@ def test_profile_and_no_fuse(tmp_path):
     args = ("profile", RESNET20, "--forward-only", "--batch", "2", "--iters", "1",
             "--warmup", "0")
     fused, off = _run(*args), _run(*args, "--no-fuse")
-    assert "fold_spatial_bn ×21, conv_relu ×10, add_relu ×9" in fused and "AddRelu" in fused
+    assert "fold_spatial_bn ×21, conv_relu ×10, add_relu ×9, conv_add_relu ×9" in fused
+    assert "s1b1_conv2+s1b1_bn2+s1b1_sum+s1b1_relu" in fused
     assert "bind-time rewrites: off (--no-fuse)" in off and "AddRelu" not in off
     assert "SpatialBN" in off
 

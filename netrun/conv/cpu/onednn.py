@@ -31,7 +31,9 @@ from dataclasses import replace
 import numpy as np
 
 from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, KeptFilters, register_algorithm
-from netrun.kernels import onednn, parallel
+from netrun.kernels import jit, onednn, parallel
+from netrun.kernels import relu as relu_kernels
+from netrun.kernels.jit import blocked as jit_blocked
 from netrun.kernels.onednn import conv as engine
 
 # The batch in CHUNKS chunks at most (2 or 4 threads share them evenly), none with less than
@@ -59,6 +61,7 @@ class OneDNNConv(ConvAlgorithm):
     name = "onednn"
     optional_engine = True
     fuses_relu = True
+    fuses_residual = True
     keeps_filters = True
     summary = "oneDNN (netrun[onednn]): direct convolution in blocked layouts, fused bias/ReLU"
 
@@ -93,23 +96,33 @@ class OneDNNConv(ConvAlgorithm):
             engine.plan(spec(part), name, 1, bias and direction != "backward_data",
                         relu and direction == "forward")
 
-    def forward(self, xp, x, w, p, out, scratch, bias=None, relu=False, filters=None):
+    def forward(self, xp, x, w, p, out, scratch, bias=None, relu=False, filters=None,
+                residual=None):
         x, w = _c(x), _c(w)
         bias = None if bias is None else _c(bias)
         y = _writable(out, scratch, "onednn.y")
+        # A residual is summed before the ReLU, so the primitive then applies none.
+        after = None if residual is None else _Residual(_c(residual), relu)
+        post_relu = relu and after is None
 
-        team = _team(p, bias is not None, relu)
+        team = _team(p, bias is not None, post_relu)
         if team is not None:
             kept = _kept(team, w, filters)
-            engine.run(team, team.threads, scratch, kept and {"weights": kept}, src=x,
-                       weights=None if kept else w, bias=bias, dst=y)
+            blocked = engine.run(team, team.threads, scratch, kept and {"weights": kept},
+                                 after and "dst", src=x, weights=None if kept else w,
+                                 bias=bias, dst=y)
+            if after is not None:
+                after.finish(blocked, y, 0, p.n)
         else:
             staged = _Filters(w, scratch, filters)
 
             def work(index, n0, n1):
-                d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, relu)
-                engine.run(d, 1, parallel.chunk_scratch(scratch, index),
-                           staged.staged(d), src=x[n0:n1], bias=bias, dst=y[n0:n1])
+                d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, post_relu)
+                blocked = engine.run(d, 1, parallel.chunk_scratch(scratch, index),
+                                     staged.staged(d), after and "dst", src=x[n0:n1],
+                                     bias=bias, dst=y[n0:n1])
+                if after is not None:
+                    after.finish(blocked, y, n0, n1)
 
             _chunks(p, work)
         if y is not out:
@@ -246,6 +259,31 @@ class _Filters:
                 d, 1, "weights", self.w, self.scratch, f"onednn.weights_staged{len(self.ready)}")
             self.ready.append(ready)
             return {"weights": ready}
+
+
+class _Residual:
+    """A residual summed into the forward output, then its ReLU when asked: straight out of
+    oneDNN's blocked output into NCHW in one compiled pass (netrun.kernels.jit.blocked),
+    else on the NCHW output."""
+
+    def __init__(self, residual, relu: bool):
+        self.residual, self.relu = residual, relu
+
+    def finish(self, blocked, y, n0: int, n1: int) -> None:
+        """Images n0:n1 of y (already written unless `blocked` holds them) get the sum."""
+        r, out = self.residual[n0:n1], y[n0:n1]
+        if blocked is not None and jit.enabled(np):
+            shape = (n1 - n0, y.shape[1], y.shape[2] * y.shape[3])
+            jit_blocked.unblock_add(blocked, r.reshape(shape), out.reshape(shape), self.relu)
+            return
+        if blocked is not None:   # no compiled engine: the layouts in NumPy
+            n, cb, hw, b = blocked.shape
+            full = blocked.transpose(0, 1, 3, 2).reshape(n, cb * b, hw)[:, :y.shape[1]]
+            np.add(full.reshape(out.shape), r, out=out)
+        else:
+            np.add(out, r, out=out)
+        if self.relu:
+            relu_kernels.relu(np, out, out)
 
 
 def _kept(d: engine.Direction, w, filters: KeptFilters | None) -> engine.Staged | None:

@@ -56,7 +56,7 @@ class Direction:
     """One primitive with its reorders: `args` name which memory each argument uses."""
 
     def __init__(self, lib: api.Library, prim: Primitive, user: dict[str, MemoryDesc],
-                 threads: int = 1):
+                 threads: int = 1, dst_dims: tuple[int, ...] | None = None):
         self.lib, self.prim = lib, prim
         self.threads = threads   # the OpenMP thread count oneDNN fitted the primitive to
         self.chosen = {}      # argument -> the layout the primitive runs on
@@ -80,6 +80,13 @@ class Direction:
         self.scratchpad_offset = end
         self.region_bytes = end + (_aligned(prim.scratch_bytes) if prim.scratch_bytes else 0)
         self._src, self._dst = api_arg("src"), api_arg("dst")
+        # The channel block of a forward output in aBcd8b or aBcd16b (None: another layout),
+        # for callers that read the blocked output themselves (`run(..., blocked="dst")`).
+        self.dst_block = None
+        if "dst" in self.reorders and dst_dims is not None:
+            for block in (8, 16):
+                if self.chosen["dst"] == MemoryDesc.tagged(lib, dst_dims, f"aBcd{block}b"):
+                    self.dst_block = block
 
     def stage(self, arg: str, array, scratch: Callable, key: str) -> Staged:
         """An input reordered once into this primitive's layout, for several calls (the
@@ -93,9 +100,12 @@ class Direction:
         return Staged(self.chosen[arg], pointer, held)
 
     def run(self, arrays: dict[str, Any], scratch: Callable,
-            staged: dict[str, Staged] | None = None) -> None:
+            staged: dict[str, Staged] | None = None, blocked: str | None = None):
         """Execute: reorder inputs in, run, reorder outputs out (arrays: NCHW, C-contiguous;
-        `staged` inputs are already in this primitive's layout)."""
+        `staged` inputs are already in this primitive's layout). With blocked="dst" (a
+        forward pass with a `dst_block`), the output is not reordered: the blocked result,
+        (N, ⌈K/B⌉, oH·oW, B) in scratch, is returned for the caller to read before its op
+        returns; otherwise None."""
         chosen, index = self.chosen, self.index
         pointers = {arg: a.ctypes.data for arg, a in arrays.items() if a is not None}
         ready = {}
@@ -112,7 +122,7 @@ class Direction:
                 continue
             blocked[arg] = base + self.offsets[arg]
             if arg in _OUTPUTS:
-                outputs.append((prim, src, dst, blocked[arg], pointers[arg]))
+                outputs.append((arg, prim, src, dst, blocked[arg], pointers[arg]))
             else:
                 prim.execute([(self._src, src, pointers[arg]), (self._dst, dst, blocked[arg])])
         args = [(index[arg], chosen[arg], blocked.get(arg) or ready.get(arg) or pointer)
@@ -121,8 +131,14 @@ class Direction:
             args.append((api_arg("scratchpad"), self.prim.scratch_md,
                          base + self.scratchpad_offset))
         self.prim.execute(args)
-        for prim, src, dst, inside, outside in outputs:
+        result = None
+        for arg, prim, src, dst, inside, outside in outputs:
+            if arg == blocked == "dst" and self.dst_block:
+                result = _blocked_view(held[0], inside, self.chosen["dst"].size,
+                                       arrays["dst"].shape, self.dst_block)
+                continue
             prim.execute([(self._src, src, inside), (self._dst, dst, outside)])
+        return result
 
 
 _OUTPUTS = ("dst", "diff_src", "diff_weights")
@@ -147,6 +163,15 @@ def _reorder(lib: api.Library, src: MemoryDesc, dst: MemoryDesc) -> Primitive:
     pd = api.create_pd(lib, "dnnl_reorder_primitive_desc_create", src.handle, lib.engine,
                        dst.handle, lib.engine, attr.handle, what="reorder")
     return Primitive(lib, pd, "reorder")
+
+
+def _blocked_view(raw: np.ndarray, pointer: int, nbytes: int, shape, block: int):
+    """The blocked output at `pointer` inside the scratch array `raw`, as
+    (N, ⌈K/B⌉, oH·oW, B)."""
+    n, k, oh, ow = shape
+    start = (pointer - raw.ctypes.data) // 4
+    flat = raw[start:start + nbytes // 4]
+    return flat.reshape(n, -(-k // block), oh * ow, block)
 
 
 def _aligned(nbytes: int) -> int:
@@ -207,7 +232,7 @@ def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
     if direction == "forward":
         prim = Primitive(lib, hint, "convolution forward")
         return Direction(lib, prim, {a: user[a] for a in ("src", "weights", "dst", "bias")},
-                         count)
+                         count, (s.n, s.k, s.oh, s.ow))
     mds = _any_mds(lib, s, plain)
     attr = api.Attr(lib)
     try:
@@ -257,13 +282,14 @@ def plan(s: ConvSpec, direction: str, count: int, bias: bool = False, relu: bool
 
 
 def run(d: Direction, count: int, scratch: Callable, staged: dict[str, Staged] | None = None,
-        **arrays) -> None:
-    """Execute a plan on `count` OpenMP threads of this thread (`staged`: see Direction.run)."""
+        blocked: str | None = None, **arrays):
+    """Execute a plan on `count` OpenMP threads of this thread (`staged`, `blocked` and what
+    it returns: see Direction.run)."""
     for a in arrays.values():
         if a is not None and (a.dtype != np.float32 or not a.flags.c_contiguous):
             raise ValueError("oneDNN arrays must be C-contiguous float32")
     with threads.running(count):
-        d.run(arrays, scratch, staged)
+        return d.run(arrays, scratch, staged, blocked)
 
 
 def stage(d: Direction, count: int, arg: str, array, scratch: Callable, key: str) -> Staged:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 _SEARCH = range(0x1000)
 
 NAMES = {
-    "dnnl_fmt_tag2str": ("undef", "any", "a", "ab", "abcd", "abcde", "acdb"),
+    "dnnl_fmt_tag2str": ("undef", "any", "a", "ab", "abcd", "abcde", "acdb", "aBcd8b",
+                         "aBcd16b"),
     "dnnl_alg_kind2str": ("convolution_direct", "convolution_auto", "eltwise_relu",
                           "pooling_max", "pooling_avg_include_padding",
                           "pooling_avg_exclude_padding"),

@@ -1,0 +1,40 @@
+"""Compiled passes out of oneDNN's channel-blocked layouts (aBcd8b, aBcd16b: N × ⌈C/B⌉ × H·W
+× B, channels padded to whole blocks) into NCHW, fused with what follows a convolution: the
+residual sum and its ReLU. One pass reads the blocked output and the residual and writes the
+result, where a reorder and then an AddRelu op made two passes and one more read.
+
+Indices are unsigned (U) so that LLVM vectorizes the inner loops (see netrun.kernels.jit).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from netrun.kernels.jit import kernel
+
+U = np.uint64
+
+
+@functools.cache
+def prepare() -> None:
+    """Compile (or load from Numba's disk cache) the float32 kernel now."""
+    unblock_add.prepare("void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
+                        "boolean)")
+
+
+@kernel
+def unblock_add(blocked, residual, y, relu):
+    """y[n, c, p] = blocked[n, c // B, p, c % B] + residual[n, c, p], then max(·, 0) when
+    relu (NaN stays NaN, as NumPy's maximum); y may be residual."""
+    zero = y.dtype.type(0)
+    block = U(blocked.shape[3])
+    channels = U(y.shape[1])
+    for n in range(U(blocked.shape[0])):
+        for cb in range(U(blocked.shape[1])):
+            c0 = cb * block
+            width = min(block, channels - c0)
+            for p in range(U(blocked.shape[2])):
+                for j in range(width):
+                    v = blocked[n, cb, p, j] + residual[n, c0 + j, p]
+                    y[n, c0 + j, p] = zero if relu and v <= zero else v
