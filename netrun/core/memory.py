@@ -37,6 +37,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from netrun.core import budget
+from netrun.core.activations import ActivationArena, NetMemory, attach, detach
+from netrun.core.lifetimes import external_reads, lifetimes, persistent_names
+from netrun.core.planner import place
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.core.shape_inference import infer_op
 from netrun.proto.defs import NetDef
@@ -44,6 +47,9 @@ from netrun.util.registry import registrar
 
 ALIGN = 256                  # bytes between buffers: whole cache lines, aligned vector loads
 MIN_PLAN_BYTES = 256 << 10   # smaller plans are not worth a mapping: their faults cost little
+# Values smaller than this keep their own buffers: sharing them saves nothing worth having,
+# and the host reads such scalars (loss, learning rate, accuracy) between runs.
+MIN_VALUE_BYTES = 1024
 # Address space reserved for scratch at a time: pages cost memory once touched, and every op
 # carves from the start, so the memory held is the largest op's scratch (no fragmentation).
 SCRATCH_RESERVE = 512 << 20
@@ -222,6 +228,9 @@ class NetPlan:
 
     outputs: list[TensorSpec] = field(default_factory=list)
     scratch: int = 0
+    where: list[tuple[int, int]] = field(default_factory=list)   # (op, output) of each
+    # Each op's output specs, None from the op where shape inference stopped.
+    specs: list[list[TensorSpec] | None] = field(default_factory=list)
 
 
 def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, TensorSpec],
@@ -236,8 +245,8 @@ def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, Te
     and ops are warmed up (their bind-time warm-ups).
     """
     specs = dict(known)
-    plan = NetPlan()
-    for op in net.ops:
+    plan = NetPlan(specs=[None] * len(net.ops))
+    for i, op in enumerate(net.ops):
         ins = []
         for name in op.inputs:
             if name not in specs:
@@ -257,9 +266,11 @@ def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, Te
                     warm_up(ws, op, args, ins)
             except Exception:   # an optimisation only: the op's own run reports real errors
                 pass
-        for name, spec in zip(op.outputs, outs):
+        plan.specs[i] = list(outs)
+        for j, (name, spec) in enumerate(zip(op.outputs, outs)):
             if buffers.get(name) != spec:
                 plan.outputs.append(spec)
+                plan.where.append((i, j))
                 buffers[name] = spec
             specs[name] = spec
     return plan
@@ -268,9 +279,17 @@ def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, Te
 class WorkspaceMemory:
     """A workspace's output plans and scratch (see the module doc)."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, plan: bool = True, debug: bool = False):
         self.backend = backend
         self.stats = MemoryStats()
+        # Lifetime planning of activations (netrun.core.lifetimes): host memory only.
+        self.enabled = bool(plan and backend.host_memory)
+        self.debug = bool(debug)          # poison each value's memory when it dies
+        self.keep: set[str] = set()       # blob names the user reads: never shared
+        self.min_bytes = MIN_VALUE_BYTES
+        self.activations = ActivationArena(backend.new_block) if backend.host_memory else None
+        self.net_plans: dict[str, NetMemory] = {}
+        self._bound_ops: dict[str, list] = {}
         self.keyed: dict[tuple[str, str], Any] = {}   # scratch outside net runs: key -> buffer
         self.arena: ScratchArena | None = None
         self._planned: _Blocks | None = None
@@ -350,11 +369,23 @@ class WorkspaceMemory:
         """Bound nets whose plan waits for the shape of a blob not fed yet."""
         return [net for nets in self._waiting.values() for net in nets]
 
-    def plan(self, net: NetDef, blobs: Mapping[str, Any], ws: Any = None) -> None:
+    def plan(self, net: NetDef, blobs: Mapping[str, Any], ws: Any = None,
+             keep: tuple = ()) -> None:
         """Reserve and fault in what `net`'s first run allocates given the workspace's
-        `blobs` (`ws` is handed to scratch estimates), or wait for its inputs."""
-        if self._planned is not None:
-            self._plan(net, blobs, ws)
+        `blobs` (`ws` is handed to scratch estimates, and holds the bound nets), or wait
+        for its inputs. `keep` names blobs the user reads after runs: never shared."""
+        if self._planned is None:
+            return
+        new_keep = set(keep) - self.keep
+        self.keep |= new_keep
+        self.net_plans.pop(net.name, None)
+        self._plan(net, blobs, ws)
+        # Nets planned before may have shared a blob this net reads, or one now kept.
+        reads = external_reads(net) | new_keep
+        for name, other in list(self.net_plans.items()):
+            bound = ws._nets.get(name) if ws is not None else None
+            if name != net.name and bound is not None and reads & _planned_names(other):
+                self._plan(bound.def_, blobs, ws)
 
     def fed(self, name: str, blobs: Mapping[str, Any], ws: Any = None) -> None:
         """Blob `name` was fed: plan the bound nets that were waiting for its shape."""
@@ -377,7 +408,9 @@ class WorkspaceMemory:
         except UnknownInput as e:
             self._waiting.setdefault(e.name, []).append(net)
             return
-        total = sum(_aligned(max(s.nbytes, 1)) for s in plan.outputs)
+        in_arena = self._plan_values(net, plan, ws) if self.enabled else set()
+        outputs = [s for s, w in zip(plan.outputs, plan.where) if w not in in_arena]
+        total = sum(_aligned(max(s.nbytes, 1)) for s in outputs)
         budget.check(total + plan.scratch, f"binding net '{net.name}' (its outputs and "
                                            f"scratch)")
         written = {n: s for n, s in buffers.items() if n not in blobs}
@@ -392,9 +425,40 @@ class WorkspaceMemory:
             self._planned.add(block)
             self._plan_blocks[net.name] = block
             self.stats.planned_bytes += total
-            self.stats.planned_outputs += len(plan.outputs)
+            self.stats.planned_outputs += len(outputs)
         self.stats.scratch_prefaulted += self.arena.prefault(plan.scratch)
         # Nets reading what this one writes (the update net reads the step net's gradients).
         for name in written:
             for waiting in self._waiting.pop(name, ()):
                 self._plan(waiting, blobs, ws)
+
+    def _plan_values(self, net: NetDef, plan: NetPlan, ws: Any) -> set[tuple[int, int]]:
+        """Share `net`'s activations by lifetime; returns the (op, output) pairs written
+        into the activation arena."""
+        bound = ws._nets.get(net.name) if ws is not None else None
+        if bound is None or bound.def_ is not net:   # not bound: run once, unplanned
+            return set()
+        others = [b.def_ for name, b in ws._nets.items() if name != net.name]
+        lt = lifetimes(net, plan.specs, persistent_names(net, others, self.keep),
+                       self.min_bytes)
+        placement = place(lt.values)
+        kept: dict[str, int] = {}
+        for i, (op, specs) in enumerate(zip(net.ops, plan.specs)):
+            for j, (name, spec) in enumerate(zip(op.outputs, specs or ())):
+                if (i, j) not in lt.writes:
+                    kept[name] = max(kept.get(name, 0), _aligned(spec.nbytes))
+        record = NetMemory(net.name, lt, placement, plan.specs, [o.label for o in net.ops],
+                           sum(kept.values()))
+        self.net_plans[net.name] = record
+        self._bound_ops[net.name] = bound.ops
+        if self.activations.ensure(placement.size):
+            for name, other in self.net_plans.items():   # a new block: views anew
+                if name in self._bound_ops:
+                    attach(other, self.activations, self._bound_ops[name], self.debug)
+        else:
+            attach(record, self.activations, bound.ops, self.debug)
+        return {w for w in lt.writes if w not in lt.views}
+
+
+def _planned_names(plan: NetMemory) -> set[str]:
+    return {name for v in plan.lifetimes.values for name in v.names}
