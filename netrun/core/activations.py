@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from netrun.core.lifetimes import Lifetimes
-from netrun.core.planner import Placement
+from netrun.core.planner import Placement, live_set
 from netrun.core.schema import TensorSpec
 
 POISON = 0xFF   # bytes of a dead value in debug mode: NaN as float32/64, -1 as integers
@@ -50,6 +50,22 @@ class NetMemory:
         """The op at which the largest live set peaks."""
         i = self.placement.peak_op
         return self.op_labels[i] if 0 <= i < len(self.op_labels) else "-"
+
+
+    def summary(self, phases: list[str] | None = None) -> dict:
+        """The plan in numbers (bytes), with the largest live set of each phase if given."""
+        out = {"net": self.name, "planned_peak": self.planned_peak,
+               "unplanned_peak": self.unplanned_peak, "arena": self.placement.size,
+               "unshared": self.persistent_bytes, "shared_values": len(self.lifetimes.values),
+               "live_peak": self.placement.live_peak, "peak_op": self.peak_op}
+        if phases:
+            out["phases"] = {}
+            for phase in dict.fromkeys(phases):
+                ops = [i for i, p in enumerate(phases) if p == phase]
+                live, at = live_set(self.lifetimes.values, ops[0], ops[-1])
+                out["phases"][phase] = {"live_peak": live, "peak_op": self.op_labels[at]
+                                        if 0 <= at < len(self.op_labels) else "-"}
+        return out
 
 
 class ActivationArena:

@@ -289,7 +289,9 @@ class WorkspaceMemory:
         self.min_bytes = MIN_VALUE_BYTES
         self.activations = ActivationArena(backend.new_block) if backend.host_memory else None
         self.net_plans: dict[str, NetMemory] = {}
-        self._bound_ops: dict[str, list] = {}
+        # net name -> its bound net, weakly: the workspace owns nets, and ops let go of
+        # their scratch when their net goes
+        self._bound: dict[str, weakref.ref] = {}
         self.keyed: dict[tuple[str, str], Any] = {}   # scratch outside net runs: key -> buffer
         self.arena: ScratchArena | None = None
         self._planned: _Blocks | None = None
@@ -393,6 +395,11 @@ class WorkspaceMemory:
             self._plan(net, blobs, ws)
 
     def _plan(self, net: NetDef, blobs: Mapping[str, Any], ws: Any) -> None:
+        bound = ws._nets.get(net.name) if ws is not None else None
+        if bound is not None and bound.def_ is net:
+            # Until this plan is made (it may wait for a feed), the net runs without one.
+            self.net_plans.pop(net.name, None)
+            detach(bound.ops)
         known = dict(self._future)
         buffers = dict(self._future)
         for name, value in blobs.items():
@@ -450,11 +457,13 @@ class WorkspaceMemory:
         record = NetMemory(net.name, lt, placement, plan.specs, [o.label for o in net.ops],
                            sum(kept.values()))
         self.net_plans[net.name] = record
-        self._bound_ops[net.name] = bound.ops
+        self._bound[net.name] = weakref.ref(bound)
         if self.activations.ensure(placement.size):
             for name, other in self.net_plans.items():   # a new block: views anew
-                if name in self._bound_ops:
-                    attach(other, self.activations, self._bound_ops[name], self.debug)
+                owner = self._bound.get(name)
+                owner = owner() if owner is not None else None
+                if owner is not None:
+                    attach(other, self.activations, owner.ops, self.debug)
         else:
             attach(record, self.activations, bound.ops, self.debug)
         return {w for w in lt.writes if w not in lt.views}

@@ -55,8 +55,9 @@ def place(values: Sequence[Value]) -> Placement:
                      sum(aligned(v.nbytes) for v in values))
 
 
-def live_set(values: Sequence[Value]) -> tuple[int, int]:
-    """(bytes, op index) of the largest set of values live at one op."""
+def live_set(values: Sequence[Value], first: int = 0, last: int | None = None
+             ) -> tuple[int, int]:
+    """(bytes, op index) of the largest set of values live at one op (of first..last)."""
     if not values:
         return 0, -1
     n = max(v.end for v in values) + 2
@@ -64,9 +65,10 @@ def live_set(values: Sequence[Value]) -> tuple[int, int]:
     for v in values:
         delta[v.start] += aligned(v.nbytes)
         delta[v.end + 1] -= aligned(v.nbytes)
-    best, at, live = 0, 0, 0
-    for i in range(n - 1):
+    last = n - 2 if last is None else min(last, n - 2)
+    best, at, live = 0, -1, 0
+    for i in range(last + 1):
         live += delta[i]
-        if live > best:
+        if i >= first and (live > best or at < 0):
             best, at = live, i
     return best, at

@@ -19,7 +19,7 @@ from netrun.proto.defs import NetDef, OperatorDef
 class Workspace:
     """Owns every blob and buffer; nets and operators only borrow them."""
 
-    def __init__(self, device: str = "cpu", seed: int | None = None, memory_plan: bool = True,
+    def __init__(self, device: str = "cpu", seed: int | None = None, memory_plan: bool = False,
                  plan_debug: bool | None = None):
         shared = get_backend(device)
         # Output buffers and scratch: planned per net, carved from this workspace's blocks.
