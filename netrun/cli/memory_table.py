@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from netrun.cli.console import console
 
 
@@ -12,7 +10,9 @@ def memory_plans(model, batch: int, overrides: dict, fuse: bool, plan: bool) -> 
     """Plan summaries (netrun.core.activations.NetMemory.summary) of the nets a training
     run binds (step and update) and of the predict net, at this batch, bound as the
     trainer and `infer` bind them. With plan=False the planned peak is the unplanned one."""
-    from netrun.core.workspace import Workspace  # lazy: loaded when the command runs
+    import numpy as np  # lazy: loaded when the command runs
+
+    from netrun.core.workspace import Workspace
     from netrun.rewrite import bind_rewrite, rewrite, with_train_net
     from netrun.train.config import SolverConfig
     from netrun.train.solver import LR, build_training
