@@ -82,10 +82,20 @@ def persistent_names(net: NetDef, others: Iterable[NetDef] = (),
     read_after: set[str] = set()
     for op in reversed(net.ops):
         for name in op.outputs:
-            if name not in read_after and name not in op.inputs:
+            if name not in read_after:
                 keep.add(name)
+        read_after.difference_update(op.outputs)
         read_after.update(op.inputs)
-        read_after.difference_update(n for n in op.outputs if n not in op.inputs)
+    # A kept view keeps its source: a copy would no longer see later in-place writes.
+    grown = True
+    while grown:
+        grown = False
+        for op in net.ops:
+            for k, j in view_pairs(op.type):
+                if (j < len(op.outputs) and k < len(op.inputs) and op.outputs[j] in keep
+                        and op.inputs[k] not in keep):
+                    keep.add(op.inputs[k])
+                    grown = True
     return keep
 
 
@@ -143,8 +153,9 @@ def lifetimes(net: NetDef, specs: Sequence[Sequence[TensorSpec] | None],
             v = None
             if j in view_of and view_of[j] < len(ins):
                 v = ins[view_of[j]]
-                if v is not None:
-                    views.add((i, j))
+                if v is None:             # a view of a buffer that is not shared
+                    continue
+                views.add((i, j))
             elif name in op.inputs:       # the net writes it in place: the same value
                 v = ins[op.inputs.index(name)]
             elif inplace:
