@@ -167,3 +167,36 @@ def test_caffe_deploy_nets_are_bitwise_the_same_with_planning(relative):
     plan = ws.memory.net_plans["predict"]
     if len(model.predict_net.ops) > 20:    # deep nets: most activations share
         assert plan.planned_peak < 0.5 * plan.unplanned_peak
+
+
+TRAINER_SOLVERS = {"sgd, iter_size 2": ["solver.iter_size=2"],
+                   "adam, iter_size 3": ["solver.type=adam", "solver.base_lr=0.002",
+                                         "solver.iter_size=3"]}
+
+
+@pytest.mark.parametrize("solver", sorted(TRAINER_SOLVERS))
+def test_the_trainer_is_bitwise_the_same_with_planning(solver, tmp_path, monkeypatch):
+    """The trainer's own loop (dropout, gradients accumulated over iter_size runs of the
+    step net, tests, the learning rate read back) with `memory_plan: false` and with
+    planning on and every dead value poisoned."""
+    from netrun.train.config import load_config
+    from netrun.train.trainer import Callbacks, Trainer
+    from tests.test_determinism import small_config
+
+    config = small_config(tmp_path)
+    runs = []
+    for plan in (False, True):
+        monkeypatch.setenv("NETRUN_PLAN_DEBUG", "1" if plan else "0")
+        cfg = load_config(config, [*TRAINER_SOLVERS[solver], "solver.test_interval=2",
+                                  f"memory_plan={str(plan).lower()}"])
+        assert cfg.memory_plan is plan
+        tr = Trainer(cfg, output=str(tmp_path / f"run{plan}"))
+        tr.start()
+        steps, tests = [], []
+        tr.run(4, Callbacks(on_step=lambda r: steps.append((r.loss, r.lr)),
+                            on_test=lambda r: tests.append((r.loss, r.metrics))))
+        assert bool(tr.ws.memory.net_plans) is plan and len(tests) >= 2
+        params = {p: tr.ws.fetch_blob(p).tobytes()
+                  for p in tr.model.param_names + tr.nets.optimizer_state}
+        runs.append((steps, tests, params))
+    assert runs[0] == runs[1]
