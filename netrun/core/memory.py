@@ -450,9 +450,10 @@ class WorkspaceMemory:
                        self.min_bytes)
         placement = place(lt.values)
         kept: dict[str, int] = {}
+        before = external_reads(net)      # state updated in place exists without the net
         for i, (op, specs) in enumerate(zip(net.ops, plan.specs)):
             for j, (name, spec) in enumerate(zip(op.outputs, specs or ())):
-                if (i, j) not in lt.writes:
+                if (i, j) not in lt.writes and name not in before:
                     kept[name] = max(kept.get(name, 0), _aligned(spec.nbytes))
         record = NetMemory(net.name, lt, placement, plan.specs, [o.label for o in net.ops],
                            sum(kept.values()))
