@@ -15,6 +15,10 @@ imported only here, only in its child process) runs the same ResNet training ste
 Nets are bound as `netrun train` and `netrun infer` bind them (bind-time rewrites on).
 
     python benchmarks/bench_memory.py [--json] [--only resnet50-train] [--runs 3]
+    python benchmarks/bench_memory.py --speed [--only ...] [--runs 5]
+
+--speed times the same cases in this one process instead, planning off and on in two
+workspaces, runs alternating (median seconds per run of the bound nets, after a warm-up).
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ CASES = {
     "resnet20-infer": ("zoo/resnet20.yaml", 128, "infer"),
     "resnet20-train": ("zoo/resnet20.yaml", 128, "train"),
     "googlenet-infer": ("caffe:bvlc_googlenet/deploy.prototxt", 8, "infer"),
+    "lenet-train": ("zoo/lenet.yaml", 64, "train"),
+    "lenet-infer-b1": ("zoo/lenet.yaml", 1, "infer"),
     "alexnet-infer": ("caffe:bvlc_alexnet/deploy.prototxt", 8, "infer"),
     "caffe-resnet50-infer": ("caffe:resnet50/ResNet-50-deploy.prototxt", 8, "infer"),
 }
@@ -57,8 +63,9 @@ def _path(model: str) -> Path:
     return CAFFE / model[6:] if model.startswith("caffe:") else REPO / model
 
 
-def child_netrun(case: str, plan: bool, runs: int) -> dict:
-    """Bind and run one case with netrun in this (fresh) process."""
+def bind(case: str, plan: bool):
+    """(workspace, net names to run, feeds, RSS once the parameters exist) of one case,
+    bound as the CLI binds it."""
     import numpy as np
 
     import netrun
@@ -66,7 +73,6 @@ def child_netrun(case: str, plan: bool, runs: int) -> dict:
     from netrun.train.config import SolverConfig
     from netrun.train.solver import LR, build_training
 
-    imported = _status()["VmRSS"]
     model_file, batch, phase = CASES[case]
     model = netrun.load_model(str(_path(model_file)))
     ws = netrun.Workspace(seed=0, memory_plan=plan)
@@ -96,14 +102,32 @@ def child_netrun(case: str, plan: bool, runs: int) -> dict:
         ws.create_net(done.net, keep=out)
         names = ["predict"]
         feeds = {n: v for n, v in feeds.items() if n not in model.labels}
+    return ws, names, feeds, inited
+
+
+def run_once(ws, names, feeds, inited=None) -> float:
+    """Feed, run the nets once; seconds for the runs."""
+    for n, v in feeds.items():
+        ws.feed_blob(n, v)
+    t0 = time.perf_counter()
+    for name in names:
+        ws.run_net(name)
+    return time.perf_counter() - t0
+
+
+def child_netrun(case: str, plan: bool, runs: int) -> dict:
+    """Bind and run one case with netrun in this (fresh) process."""
+    import numpy  # noqa: F401  (imports before the first reading)
+
+    import netrun  # noqa: F401
+    import netrun.rewrite  # noqa: F401
+    import netrun.train.solver  # noqa: F401
+
+    imported = _status()["VmRSS"]
+    ws, names, feeds, inited = bind(case, plan)
     times = []
     for _ in range(runs):
-        for n, v in feeds.items():
-            ws.feed_blob(n, v)
-        t0 = time.perf_counter()
-        for name in names:
-            ws.run_net(name)
-        times.append(time.perf_counter() - t0)
+        times.append(run_once(ws, names, feeds))
     end = _status()
     plans = {n: p.summary() for n, p in ws.memory.net_plans.items()}
     return {"imports": imported, "inited": inited, "hwm": end["VmHWM"],
@@ -138,6 +162,24 @@ def child_torch(case: str, runs: int) -> dict:
             "seconds": times}
 
 
+def speed(cases: list[str], runs: int) -> dict:
+    """Median seconds per run, planning off and on, in this one process, alternating."""
+    out = {}
+    for case in cases:
+        bound = {plan: bind(case, plan) for plan in (False, True)}
+        times = {False: [], True: []}
+        for plan in (False, True):
+            run_once(*bound[plan])          # warm-up
+        for _ in range(runs):
+            for plan in (False, True):
+                times[plan].append(run_once(*bound[plan]))
+        med = {p: sorted(t)[len(t) // 2] for p, t in times.items()}
+        out[case] = {"unplanned": med[False], "planned": med[True],
+                     "ratio": med[True] / med[False]}
+        del bound
+    return out
+
+
 def measure(case: str, who: str, runs: int) -> dict | None:
     """One fresh process for one case: who is 'planned', 'unplanned' or 'torch'."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
@@ -156,6 +198,8 @@ def main() -> None:
     ap.add_argument("--only", action="append", choices=sorted(CASES), help="Cases to run.")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-torch", action="store_true", help="Leave PyTorch out.")
+    ap.add_argument("--speed", action="store_true",
+                    help="Time planning off and on in this process instead.")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -163,6 +207,15 @@ def main() -> None:
         result = (child_torch(case, args.runs) if who == "torch"
                   else child_netrun(case, who == "planned", args.runs))
         print(json.dumps(result))
+        return
+    if args.speed:
+        cases = [c for c in args.only or list(CASES) if _path(CASES[c][0]).is_file()]
+        result = speed(cases, args.runs)
+        if args.json:
+            print(json.dumps(result, indent=1))
+        for case, r in result.items():
+            print(f"{case:22} unplanned {r['unplanned']:.4f} s  planned {r['planned']:.4f} s  "
+                  f"planned/unplanned {r['ratio']:.3f}", file=sys.stderr if args.json else None)
         return
     results = {}
     for case in args.only or list(CASES):
