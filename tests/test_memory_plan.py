@@ -1,5 +1,6 @@
 """Workspace memory: output buffers planned at bind time, the per-op scratch arena, and the
-results neither may change (netrun.core.memory)."""
+results neither may change (netrun.core.memory). The output blocks are tested with lifetime
+planning off (memory_plan=False); the lifetime planner in tests/test_planner*.py."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
