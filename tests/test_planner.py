@@ -272,3 +272,21 @@ def test_random_nets_give_the_same_bits_with_and_without_a_plan(net, twice):
                           for n in v.names}
         results.append({n: ws.fetch_blob(n).tobytes() for n in sorted(kept)})
     assert results[0] == {n: results[1][n] for n in results[0]}
+
+
+def test_writing_a_view_in_place_leaves_its_source_alone():
+    """Found by the test above: Relu(t1) -> t1 over a view t1 of t0 gets a buffer of its
+    own without a plan (a view is not reused), so t0 keeps its values with one too."""
+    net = netrun.NetDef("r", [op("Scale", ["x"], ["t0"], scale=0.5),
+                              op("Flatten", ["t0"], ["t1"]), op("Relu", ["t1"], ["t1"]),
+                              op("Scale", ["t0"], ["t6"], scale=0.5),
+                              op("Relu", ["t1"], ["t8"])])
+    lt = _lifetimes(net)
+    assert lt.writes[(1, 0)] == lt.writes[(0, 0)] and lt.writes[(2, 0)] != lt.writes[(0, 0)]
+    x = np.random.default_rng(3).standard_normal((8, 32)).astype(np.float32)
+    got, want = _ws(x=x), _ws(plan=False, x=x)
+    for ws in (got, want):
+        ws.create_net(net)
+        ws.run_net("r")
+    for name in ("t6", "t8"):
+        assert got.fetch_blob(name).tobytes() == want.fetch_blob(name).tobytes()

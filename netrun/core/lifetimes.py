@@ -130,6 +130,7 @@ def lifetimes(net: NetDef, specs: Sequence[Sequence[TensorSpec] | None],
     writes: dict[tuple[int, int], int] = {}
     views: set[tuple[int, int]] = set()
     current: dict[str, int] = {}          # name -> its live value (planned names only)
+    viewing: set[str] = set()             # names whose live value they only view
     for i, op in enumerate(ops):
         ins = [current.get(n) for n in op.inputs]
         for v in ins:
@@ -140,6 +141,10 @@ def lifetimes(net: NetDef, specs: Sequence[Sequence[TensorSpec] | None],
         view_of = dict((j, k) for k, j in view_pairs(op.type))
         for j, name in enumerate(op.outputs):
             current.pop(name, None)
+            # A view is no buffer of its own: written "in place", it gets a new one (as
+            # OpContext.output does without a plan), and its source is left alone.
+            was_view = name in viewing
+            viewing.discard(name)
             if name in persistent or outs is None or j >= len(outs):
                 continue
             spec = outs[j]
@@ -156,8 +161,9 @@ def lifetimes(net: NetDef, specs: Sequence[Sequence[TensorSpec] | None],
                 if v is None:             # a view of a buffer that is not shared
                     continue
                 views.add((i, j))
-            elif name in op.inputs:       # the net writes it in place: the same value
-                v = ins[op.inputs.index(name)]
+                viewing.add(name)
+            elif name in op.inputs and not was_view:
+                v = ins[op.inputs.index(name)]     # the net writes it in place: one value
             elif inplace:
                 for k, jj in _inplace_pairs(op.type):
                     u = ins[k] if k < len(ins) else None
