@@ -459,6 +459,8 @@ class WorkspaceMemory:
                            sum(kept.values()))
         self.net_plans[net.name] = record
         self._bound[net.name] = weakref.ref(bound)
+        if placement.size > self.activations.size:
+            budget.check(placement.size, f"the activation arena of net '{net.name}'")
         if self.activations.ensure(placement.size):
             for name, other in self.net_plans.items():   # a new block: views anew
                 owner = self._bound.get(name)
