@@ -124,8 +124,8 @@ def child_netrun(case: str, plan: bool, runs: int) -> dict:
     """Bind and run one case with netrun in this (fresh) process."""
     import numpy  # noqa: F401  (imports before the first reading)
 
-    import netrun  # noqa: F401
-    import netrun.rewrite  # noqa: F401
+    import netrun
+    import netrun.rewrite
     import netrun.train.solver  # noqa: F401
 
     imported = _status()["VmRSS"]
@@ -236,7 +236,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=1))
         return
-    mb = lambda n: f"{n / 2**20:8.0f}"  # noqa: E731
+    mb = lambda n: f"{n / 2**20:8.0f}"
     print(f"{'case':22} {'who':10} {'peak MB':>8} {'>init MB':>8} {'>bind MB':>8} "
           f"{'vs unpl.':>8} {'median s':>8}")
     for case, row in results.items():

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,8 +53,8 @@ def test_in_place_reuse_only_when_the_input_has_no_later_reader():
                       op("Sum", ["a", "b"], ["y"]))
     lt = _lifetimes(read_later)
     assert lt.writes[(0, 0)] != lt.writes[(1, 0)]
-    assert not _lifetimes(dead, inplace=False).writes[(0, 0)] == \
-        _lifetimes(dead, inplace=False).writes[(1, 0)]
+    off = _lifetimes(dead, inplace=False)
+    assert off.writes[(0, 0)] != off.writes[(1, 0)]
     # FC's schema allows no in-place: its own value
     fc = _net(op("Relu", ["x"], ["a"]), op("FC", ["a", "w", "bias"], ["b"]),
               op("Relu", ["b"], ["y"]))

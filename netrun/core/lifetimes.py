@@ -15,8 +15,8 @@ predictions). Such names are *persistent*: every write of them keeps its own buf
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import UnknownOpError
@@ -138,7 +138,7 @@ def lifetimes(net: NetDef, specs: Sequence[Sequence[TensorSpec] | None],
                 values[v].end = max(values[v].end, i)
         outs = specs[i] if i < len(specs) else None
         taken: set[int] = set()           # values an output of this op already continues
-        view_of = dict((j, k) for k, j in view_pairs(op.type))
+        view_of = {j: k for k, j in view_pairs(op.type)}
         for j, name in enumerate(op.outputs):
             current.pop(name, None)
             # A view is no buffer of its own: written "in place", it gets a new one (as

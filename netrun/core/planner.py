@@ -6,8 +6,8 @@ Only lifetimes and sizes go in, offsets come out: mapping the arena is netrun.co
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from netrun.core.lifetimes import Value
 
