@@ -230,7 +230,7 @@ def test_a_smaller_batch_than_planned_allocates_its_own_buffers():
 
 
 # Randomized nets ---------------------------------------------------------------------------
-UNARY = ["Relu", "Scale", "Copy", "Flatten", "Sigmoid", "Tanh"]
+UNARY = ["Relu", "Scale", "Copy", "Flatten", "Sigmoid", "Tanh", "Softmax"]
 BINARY = ["Sum", "Add", "Mul"]
 
 
@@ -241,8 +241,12 @@ def random_nets(draw):
     names = ["x"]
     ops = []
     for i in range(draw(st.integers(2, 14))):
-        kind = draw(st.sampled_from(["unary", "unary", "binary", "inplace"]))
+        kind = draw(st.sampled_from(["unary", "unary", "binary", "inplace", "sum_into"]))
         src = draw(st.sampled_from(names))
+        if kind == "sum_into" and src != "x":    # accumulate into a blob, as gradients do
+            ops.append(op("Sum", [src, draw(st.sampled_from([n for n in names if n != src]))],
+                          [src]))
+            continue
         if kind == "binary" and len(names) > 1:
             other = draw(st.sampled_from(names))
             ops.append(op(draw(st.sampled_from(BINARY)), [src, other], [f"t{i}"]))
