@@ -293,3 +293,33 @@ def test_writing_a_view_in_place_leaves_its_source_alone():
         ws.run_net("r")
     for name in ("t6", "t8"):
         assert got.fetch_blob(name).tobytes() == want.fetch_blob(name).tobytes()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_nets())
+def test_random_nets_with_their_backward_pass_give_the_same_gradients(net):
+    """The same nets with a loss and the gradient builder's backward pass: gradients of
+    branches summed, gradient ops run in place, activations read by them kept alive."""
+    from hypothesis import assume
+
+    from netrun.core.gradient import add_gradient_ops
+    from netrun.errors import NetrunError
+
+    last = net.ops[-1].outputs[0]
+    train_net = netrun.NetDef("g", [*net.ops, op("Mul", [last, "w"], ["m"]),
+                                    op("AveragedLoss", ["m"], ["loss"])])
+    try:
+        grads = add_gradient_ops(train_net, ["loss"])
+    except NetrunError:
+        assume(False)
+    want_names = sorted({grads[b] for b in ("x", "w") if b in grads} | {"loss"})
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 32)).astype(np.float32)
+    w = rng.standard_normal((8, 32)).astype(np.float32)
+    results = []
+    for plan in (True, False):
+        ws = _ws(plan=plan, x=x, w=w)
+        ws.create_net(train_net, keep=want_names)
+        ws.run_net("g", 2)
+        results.append({n: ws.fetch_blob(n).tobytes() for n in want_names})
+    assert results[0] == results[1]

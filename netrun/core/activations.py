@@ -34,6 +34,7 @@ class NetMemory:
     specs: list[list[TensorSpec] | None]
     op_labels: list[str]
     persistent_bytes: int     # bytes of outputs that keep their own buffers
+    unplanned_bytes: int      # bytes of the net's outputs with a buffer per name (no plan)
 
     @property
     def planned_peak(self) -> int:
@@ -42,8 +43,8 @@ class NetMemory:
 
     @property
     def unplanned_peak(self) -> int:
-        """Activation bytes without a plan: every output its own buffer."""
-        return self.placement.unshared + self.persistent_bytes
+        """Activation bytes without a plan: every output name its own buffer."""
+        return self.unplanned_bytes
 
     @property
     def peak_op(self) -> str:

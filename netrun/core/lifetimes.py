@@ -164,7 +164,10 @@ def lifetimes(net: NetDef, specs: Sequence[Sequence[TensorSpec] | None],
                 viewing.add(name)
             elif name in op.inputs and not was_view:
                 v = ins[op.inputs.index(name)]     # the net writes it in place: one value
-            elif inplace:
+            elif inplace and len(op.outputs) == 1:
+                # Kernels of several outputs order their writes by the names they are
+                # given (MulGradient writes dA over dY last only when the names say so):
+                # memory shared under other names is left to single-output ops.
                 for k, jj in _inplace_pairs(op.type):
                     u = ins[k] if k < len(ins) else None
                     if (jj == j and u is not None and u not in taken and (i, k) in last_read

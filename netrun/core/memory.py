@@ -449,14 +449,20 @@ class WorkspaceMemory:
         lt = lifetimes(net, plan.specs, persistent_names(net, others, self.keep),
                        self.min_bytes)
         placement = place(lt.values)
+        # Without a plan each name written keeps a buffer (views and state updated in
+        # place aside, which exist either way).
         kept: dict[str, int] = {}
-        before = external_reads(net)      # state updated in place exists without the net
+        every: dict[str, int] = {}
+        before = external_reads(net)
         for i, (op, specs) in enumerate(zip(net.ops, plan.specs)):
             for j, (name, spec) in enumerate(zip(op.outputs, specs or ())):
-                if (i, j) not in lt.writes and name not in before:
+                if name in before or (i, j) in lt.views:
+                    continue
+                every[name] = max(every.get(name, 0), _aligned(spec.nbytes))
+                if (i, j) not in lt.writes:
                     kept[name] = max(kept.get(name, 0), _aligned(spec.nbytes))
         record = NetMemory(net.name, lt, placement, plan.specs, [o.label for o in net.ops],
-                           sum(kept.values()))
+                           sum(kept.values()), sum(every.values()))
         self.net_plans[net.name] = record
         self._bound[net.name] = weakref.ref(bound)
         if placement.size > self.activations.size:
