@@ -245,7 +245,10 @@ def test_backends_without_host_memory_keep_scratch_per_key_and_plan_nothing():
 def _train(model: str, poison: int | None) -> dict[str, np.ndarray]:
     from netrun.profile.targets import prepare
 
-    target = prepare(str(REPO / "zoo" / model), 8, "cpu", forward_only=False)
+    # Every blob is compared: lifetime planning off (with it, dead blobs are overwritten;
+    # tests/test_planner_nets.py poisons scratch and dead values with planning on).
+    target = prepare(str(REPO / "zoo" / model), 8, "cpu", forward_only=False,
+                     memory_plan=False)
     ws = target.net.ws
     ws.memory.arena.poison = poison
     for _ in range(2):

@@ -323,3 +323,24 @@ def test_random_nets_with_their_backward_pass_give_the_same_gradients(net):
         ws.run_net("g", 2)
         results.append({n: ws.fetch_blob(n).tobytes() for n in want_names})
     assert results[0] == results[1]
+
+
+def test_estimated_scratch_gets_room_in_the_activation_arena():
+    """Ops with a scratch estimate carve their scratch from the arena where no value
+    live at the op is; the workspace's own scratch arena is then neither reserved nor
+    faulted in for them."""
+    model = netrun.load_model(str(REPO / "zoo" / "lenet.yaml"))
+    ws = netrun.Workspace(seed=0, memory_plan=True, plan_debug=True)
+    ws.run_net_once(model.init_net)
+    net = model.predict_net.copy()
+    net.name = "predict"
+    bound = ws.create_net(net, keep=model.outputs)
+    ws.feed_blob("data", np.random.default_rng(0).standard_normal((16, 1, 28, 28))
+                 .astype(np.float32))
+    rooms = [o for o in bound.ops if o.scratch_room is not None]
+    assert rooms and ws.memory.stats.scratch_prefaulted == 0
+    ws.run_net("predict")
+    arena = ws.memory.activations.array
+    assert ws.memory.scratch_bytes > 0 and not ws.memory.arena._blocks.blocks
+    for o in rooms:
+        assert np.shares_memory(o.scratch_room, arena)

@@ -167,8 +167,9 @@ def test_caffe_deploy_nets_are_bitwise_the_same_with_planning(relative):
     assert_same_bits(got, want)
     assert all(np.isfinite(v).all() for v in got.values())
     plan = ws.memory.net_plans["predict"]
-    if len(model.predict_net.ops) > 20:    # deep nets: most activations share
-        assert plan.planned_peak < 0.5 * plan.unplanned_peak
+    assert plan.planned_peak < plan.unplanned_peak
+    if "resnet" in relative:     # deep nets: most activations share
+        assert plan.planned_peak < 0.3 * plan.unplanned_peak
 
 
 TRAINER_SOLVERS = {"sgd, iter_size 2": ["solver.iter_size=2"],

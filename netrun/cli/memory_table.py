@@ -73,9 +73,10 @@ def print_memory(plans: list[dict], plan: bool) -> None:
                    "saved", "largest live set", "peaks at"], rows,
                   right=("planned", "planned (off)", "unplanned", "saved", "largest live set"))
     console.line()
-    console.line("planned: the shared arena plus the activations that keep their own buffers "
-                 "(results, blobs other nets read); unplanned: every activation its own buffer; "
-                 "parameters, optimizer state and scratch not counted.")
+    console.line("planned: the shared arena (activations and the ops' estimated scratch) plus "
+                 "the activations that keep their own buffers (results, blobs other nets "
+                 "read); unplanned: every activation its own buffer, plus the scratch arena; "
+                 "parameters and optimizer state not counted.")
 
 
 def footer(ws, phases: list[str] | None = None) -> list[str]:

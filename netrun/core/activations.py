@@ -34,16 +34,19 @@ class NetMemory:
     specs: list[list[TensorSpec] | None]
     op_labels: list[str]
     persistent_bytes: int     # bytes of outputs that keep their own buffers
-    unplanned_bytes: int      # bytes of the net's outputs with a buffer per name (no plan)
+    # Without a plan: a buffer per output name, and the scratch arena's largest estimate
+    unplanned_bytes: int
 
     @property
     def planned_peak(self) -> int:
-        """Activation bytes with the plan: the arena plus the buffers not shared."""
+        """Activation bytes with the plan: the arena (values and estimated scratch) plus the
+        buffers not shared."""
         return self.placement.size + self.persistent_bytes
 
     @property
     def unplanned_peak(self) -> int:
-        """Activation bytes without a plan: every output name its own buffer."""
+        """Activation bytes without a plan: every output name its own buffer, plus the
+        scratch arena's largest estimate."""
         return self.unplanned_bytes
 
     @property
@@ -113,6 +116,9 @@ def attach(plan: NetMemory, arena: ActivationArena, ops: list, debug: bool) -> N
                 views[j] = True
             else:
                 planned[j] = arena.view(offsets[v], plan.specs[i][j])
+        v = lt.scratch.get(i)
+        op.scratch_room = (None if v is None
+                           else arena.region(offsets[v], lt.values[v].nbytes))
         poison = ()
         if debug:
             poison = tuple(arena.region(offsets[v], lt.values[v].nbytes)
@@ -124,3 +130,4 @@ def detach(ops: list) -> None:
     """The net runs without a plan: every op allocates its outputs as before."""
     for op in ops:
         op.attach_plan(None, (), None, ())
+        op.scratch_room = None

@@ -37,6 +37,16 @@ def view_pairs(type: str) -> tuple[tuple[int, int], ...]:
     return _VIEWS.get(type, ())
 
 
+# Op type -> inputs whose kernel reads only their shape, never their data (AddGradient's A
+# and B): such a read does not keep a value alive. Filled by `register_shape_reads`.
+_SHAPE_READS: dict[str, frozenset[int]] = {}
+
+
+def register_shape_reads(type: str, *inputs: int) -> None:
+    """Declare that op `type`'s kernel reads only the shape of these inputs."""
+    _SHAPE_READS[type] = frozenset(inputs)
+
+
 @dataclass
 class Value:
     """One storage token: `nbytes` live from op `start` to op `end` (inclusive)."""
@@ -59,6 +69,8 @@ class Lifetimes:
     persistent: set[str]
     # op index -> values whose lifetime ends there (debug poisoning)
     ends: dict[int, list[int]]
+    # op index -> the value holding its scratch (added by the memory planner)
+    scratch: dict[int, int] = field(default_factory=dict)
 
 
 def external_reads(net: NetDef) -> set[str]:
@@ -120,11 +132,12 @@ def lifetimes(net: NetDef, specs: Sequence[Sequence[TensorSpec] | None],
     read_later: set[str] = set()
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
+        shape_only = _SHAPE_READS.get(op.type, ())
         read_later.difference_update(n for n in op.outputs if n not in op.inputs)
         for k, name in enumerate(op.inputs):
             if name not in read_later and op.inputs.count(name) == 1:
                 last_read.add((i, k))
-        read_later.update(op.inputs)
+        read_later.update(n for k, n in enumerate(op.inputs) if k not in shape_only)
 
     values: list[Value] = []
     writes: dict[tuple[int, int], int] = {}
@@ -133,8 +146,9 @@ def lifetimes(net: NetDef, specs: Sequence[Sequence[TensorSpec] | None],
     viewing: set[str] = set()             # names whose live value they only view
     for i, op in enumerate(ops):
         ins = [current.get(n) for n in op.inputs]
-        for v in ins:
-            if v is not None:
+        shape_only = _SHAPE_READS.get(op.type, ())
+        for k, v in enumerate(ins):
+            if v is not None and k not in shape_only:
                 values[v].end = max(values[v].end, i)
         outs = specs[i] if i < len(specs) else None
         taken: set[int] = set()           # values an output of this op already continues

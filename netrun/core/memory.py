@@ -38,7 +38,7 @@ import numpy as np
 
 from netrun.core import budget
 from netrun.core.activations import ActivationArena, NetMemory, attach, detach
-from netrun.core.lifetimes import external_reads, lifetimes, persistent_names
+from netrun.core.lifetimes import Value, external_reads, lifetimes, persistent_names
 from netrun.core.planner import place
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.core.shape_inference import infer_op
@@ -53,6 +53,9 @@ MIN_VALUE_BYTES = 1024
 # Address space reserved for scratch at a time: pages cost memory once touched, and every op
 # carves from the start, so the memory held is the largest op's scratch (no fragmentation).
 SCRATCH_RESERVE = 512 << 20
+# Room added to an op's scratch estimate where the plan puts it in the activation arena:
+# each key (and each thread's key) starts on an ALIGN boundary.
+SCRATCH_SLACK = 64 * ALIGN
 
 # Scratch estimates, registered next to the ops that use scratch (as kernels and preparers
 # are): fn(ws, op, args, input_specs) -> the most scratch bytes one run of the OperatorDef
@@ -148,7 +151,11 @@ class ScratchArena:
         # weak reference on every lookup (per-op overhead shows at batch 1)
         self._ops: dict[int, tuple[dict, list[int]]] = {}
         self._lock = threading.Lock()   # chunk threads ask for their keys concurrently
-        self.peak = 0                   # most bytes handed out to one op (memory touched)
+        # The running op's room in the activation arena (its planned scratch), and how much
+        # of it is handed out: [bytes]; carving tries it before the arena's own blocks.
+        self._room: np.ndarray | None = None
+        self._room_used: list[int] = [0]
+        self.peak = 0                   # most bytes handed out to one op
         self.prefaulted = 0             # bytes at the start faulted in ahead of use
         # Debugging: a byte to fill the handed-out memory with when an op ends, so that an op
         # reading scratch written by an earlier one reads garbage (NaN for 0xFF).
@@ -160,14 +167,19 @@ class ScratchArena:
         if self.poison is not None:
             for block, used in zip(self._blocks.blocks, self._blocks.used):
                 np.ndarray((used,), np.uint8, buffer=block)[...] = self.poison
+            # The previous op's room: no value live from here on overlaps it (the plan).
+            if self._room is not None:
+                self._room[:self._room_used[0]] = self.poison
         if op is None:
-            self._regions, used = {}, []
+            self._regions, used, self._room_used = {}, [], [0]
+            self._room = None
         else:
             state = self._ops.get(id(op))
-            if state is None:
-                state = self._ops[id(op)] = ({}, [])
+            room = getattr(op, "scratch_room", None)
+            if state is None or state[3] is not room:   # new op, or a new plan for it
+                state = self._ops[id(op)] = ({}, [], [0], room)
                 weakref.finalize(op, self._ops.pop, id(op), None).atexit = False
-            self._regions, used = state
+            self._regions, used, self._room_used, self._room = state
         missing = len(self._blocks.blocks) - len(used)
         if missing:
             used.extend([0] * missing)   # blocks mapped since
@@ -199,6 +211,13 @@ class ScratchArena:
 
     def _carve(self, size: int, dt: np.dtype) -> np.ndarray:
         nbytes = max(size * dt.itemsize, 1)
+        room = self._room
+        if room is not None:
+            start = _aligned(self._room_used[0])
+            if start + nbytes <= len(room):
+                self._room_used[0] = start + nbytes
+                self.peak = max(self.peak, start + nbytes)
+                return room[start:start + nbytes].view(dt)
         spot = self._blocks.carve(nbytes)
         if spot is None:
             self._blocks.add(self._reserve(nbytes))
@@ -231,6 +250,7 @@ class NetPlan:
     where: list[tuple[int, int]] = field(default_factory=list)   # (op, output) of each
     # Each op's output specs, None from the op where shape inference stopped.
     specs: list[list[TensorSpec] | None] = field(default_factory=list)
+    op_scratch: list[int] = field(default_factory=list)   # each op's scratch estimate
 
 
 def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, TensorSpec],
@@ -245,7 +265,7 @@ def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, Te
     and ops are warmed up (their bind-time warm-ups).
     """
     specs = dict(known)
-    plan = NetPlan(specs=[None] * len(net.ops))
+    plan = NetPlan(specs=[None] * len(net.ops), op_scratch=[0] * len(net.ops))
     for i, op in enumerate(net.ops):
         ins = []
         for name in op.inputs:
@@ -261,7 +281,8 @@ def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, Te
             try:
                 args = get_schema(op.type).verify(op)
                 if estimate is not None:
-                    plan.scratch = max(plan.scratch, int(estimate(ws, op, args, ins)))
+                    plan.op_scratch[i] = int(estimate(ws, op, args, ins))
+                    plan.scratch = max(plan.scratch, plan.op_scratch[i])
                 if warm_up is not None:
                     warm_up(ws, op, args, ins)
             except Exception:   # an optimisation only: the op's own run reports real errors
@@ -298,6 +319,8 @@ class WorkspaceMemory:
         if backend.host_memory:
             self.arena = ScratchArena(backend.new_block)
             self._planned = _Blocks()
+            if self.debug:      # scratch dies with its op: poisoned then too
+                self.arena.poison = 0xFF
         self._in_run = False
         self._lock = threading.Lock()
         self._waiting: dict[str, list[NetDef]] = {}   # blob name -> bound nets waiting for it
@@ -415,8 +438,8 @@ class WorkspaceMemory:
         except UnknownInput as e:
             self._waiting.setdefault(e.name, []).append(net)
             return
-        in_arena = self._plan_values(net, plan, ws) if self.enabled else set()
-        outputs = [s for s, w in zip(plan.outputs, plan.where) if w not in in_arena]
+        in_arena = self._plan_values(net, plan, ws) if self.enabled else None
+        outputs = [s for s, w in zip(plan.outputs, plan.where) if w not in (in_arena or ())]
         total = sum(_aligned(max(s.nbytes, 1)) for s in outputs)
         budget.check(total + plan.scratch, f"binding net '{net.name}' (its outputs and "
                                            f"scratch)")
@@ -433,21 +456,30 @@ class WorkspaceMemory:
             self._plan_blocks[net.name] = block
             self.stats.planned_bytes += total
             self.stats.planned_outputs += len(outputs)
+        if in_arena is not None:     # estimated scratch has its room in the arena
+            plan.scratch = 0
         self.stats.scratch_prefaulted += self.arena.prefault(plan.scratch)
         # Nets reading what this one writes (the update net reads the step net's gradients).
         for name in written:
             for waiting in self._waiting.pop(name, ()):
                 self._plan(waiting, blobs, ws)
 
-    def _plan_values(self, net: NetDef, plan: NetPlan, ws: Any) -> set[tuple[int, int]]:
-        """Share `net`'s activations by lifetime; returns the (op, output) pairs written
-        into the activation arena."""
+    def _plan_values(self, net: NetDef, plan: NetPlan, ws: Any
+                     ) -> set[tuple[int, int]] | None:
+        """Share `net`'s activations (and its ops' estimated scratch) by lifetime; returns
+        the (op, output) pairs written into the activation arena (None: not planned)."""
         bound = ws._nets.get(net.name) if ws is not None else None
         if bound is None or bound.def_ is not net:   # not bound: run once, unplanned
-            return set()
+            return None
         others = [b.def_ for name, b in ws._nets.items() if name != net.name]
         lt = lifetimes(net, plan.specs, persistent_names(net, others, self.keep),
                        self.min_bytes)
+        # Each op's estimated scratch is a value living for that op alone: it goes where
+        # no value live at the op is (slack: every key is aligned).
+        for i, nbytes in enumerate(plan.op_scratch):
+            if nbytes > 0:
+                lt.scratch[i] = len(lt.values)
+                lt.values.append(Value(nbytes + SCRATCH_SLACK, i, i))
         placement = place(lt.values)
         # Without a plan each name written keeps a buffer (views and state updated in
         # place aside, which exist either way).
@@ -462,7 +494,8 @@ class WorkspaceMemory:
                 if (i, j) not in lt.writes:
                     kept[name] = max(kept.get(name, 0), _aligned(spec.nbytes))
         record = NetMemory(net.name, lt, placement, plan.specs, [o.label for o in net.ops],
-                           sum(kept.values()), sum(every.values()))
+                           sum(kept.values()), sum(every.values()) + max(plan.op_scratch,
+                                                                          default=0))
         self.net_plans[net.name] = record
         self._bound[net.name] = weakref.ref(bound)
         if placement.size > self.activations.size:

@@ -101,6 +101,9 @@ class Operator:
         if prepare is not None:
             prepare(self.ctx)
         self.attach_plan(None, (), None, ())
+        # Bytes of the activation arena that the plan set aside for this op's scratch
+        # (netrun.core.memory.ScratchArena carves from them first), or None.
+        self.scratch_room = None
 
     def attach_plan(self, planned: tuple | None, views: tuple, arena, poison: tuple) -> None:
         """Take the memory plan's output views (netrun.core.activations.attach)."""

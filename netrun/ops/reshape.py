@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from netrun.core.gradient import register_gradient
-from netrun.core.lifetimes import register_view
+from netrun.core.lifetimes import register_shape_reads, register_view
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
@@ -62,8 +62,10 @@ register_schema("ResizeLike", inputs=2, outputs=1, input_names=("X", "like"),
                 doc="Y = X reshaped to the shape of `like` (a view; the sizes must agree).")
 
 
-# The kernel returns a view of X: the memory plan lets Y share X's lifetime.
+# The kernel returns a view of X: the memory plan lets Y share X's lifetime. It reads only
+# the shape of `like` (a gradient's forward input): that read keeps nothing alive.
 register_view("ResizeLike", (0, 0))
+register_shape_reads("ResizeLike", 1)
 
 
 @register_kernel("ResizeLike")
