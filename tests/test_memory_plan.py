@@ -1,5 +1,6 @@
 """Workspace memory: output buffers planned at bind time, the per-op scratch arena, and the
-results neither may change (netrun.core.memory)."""
+results neither may change (netrun.core.memory). The output blocks are tested with lifetime
+planning off (memory_plan=False); the lifetime planner in tests/test_planner*.py."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +43,7 @@ def _output_bytes() -> int:
 
 def test_a_bound_net_gets_its_outputs_from_memory_faulted_in_at_bind():
     assert _output_bytes() >= MIN_PLAN_BYTES
-    ws = netrun.Workspace()
+    ws = netrun.Workspace(memory_plan=False)
     _feed(ws)
     net = ws.create_net(_net())
     stats = ws.memory.stats
@@ -61,7 +62,7 @@ def test_a_bound_net_gets_its_outputs_from_memory_faulted_in_at_bind():
 
 
 def test_a_net_bound_before_its_inputs_are_fed_is_planned_by_the_feeds():
-    ws = netrun.Workspace()
+    ws = netrun.Workspace(memory_plan=False)
     _feed(ws, "W")
     net = ws.create_net(_net())
     assert [n.name for n in ws.memory.pending] == ["n"]
@@ -82,7 +83,7 @@ def test_training_nets_bound_before_the_first_batch_are_planned_by_its_feed():
 
     model = netrun.load_model(str(REPO / "zoo" / "lenet.yaml"))
     nets = build_training(model, SolverConfig(type="sgd", momentum=0.9))
-    ws = netrun.Workspace(seed=0)
+    ws = netrun.Workspace(seed=0, memory_plan=False)
     ws.run_net_once(nets.init)
     for net in (nets.step, nets.update, nets.test):
         ws.create_net(net)
@@ -99,7 +100,7 @@ def test_training_nets_bound_before_the_first_batch_are_planned_by_its_feed():
 
 
 def test_steady_state_runs_reuse_every_buffer():
-    ws = netrun.Workspace()
+    ws = netrun.Workspace(memory_plan=False)
     _feed(ws)
     net = ws.create_net(_net())
     net.run()
@@ -114,7 +115,7 @@ def test_steady_state_runs_reuse_every_buffer():
 
 
 def test_backend_treats_block_buffers_as_owned_and_their_views_as_views():
-    ws = netrun.Workspace()
+    ws = netrun.Workspace(memory_plan=False)
     block_buffer = np.ndarray((4, 4), np.float32, buffer=host_block(1 << 16))
     assert ws.backend.owns_data(block_buffer) and ws.backend.owns_data(np.ones(3))
     assert not ws.backend.owns_data(block_buffer.view())
@@ -244,7 +245,10 @@ def test_backends_without_host_memory_keep_scratch_per_key_and_plan_nothing():
 def _train(model: str, poison: int | None) -> dict[str, np.ndarray]:
     from netrun.profile.targets import prepare
 
-    target = prepare(str(REPO / "zoo" / model), 8, "cpu", forward_only=False)
+    # Every blob is compared: lifetime planning off (with it, dead blobs are overwritten;
+    # tests/test_planner_nets.py poisons scratch and dead values with planning on).
+    target = prepare(str(REPO / "zoo" / model), 8, "cpu", forward_only=False,
+                     memory_plan=False)
     ws = target.net.ws
     ws.memory.arena.poison = poison
     for _ in range(2):
@@ -278,7 +282,7 @@ def test_poisoned_scratch_is_seen_by_a_reader_in_the_next_op():
 
 
 def test_binding_a_net_again_replaces_its_plan():
-    ws = netrun.Workspace()
+    ws = netrun.Workspace(memory_plan=False)
     _feed(ws)
     ws.create_net(_net()).run()
     ws.feed_blob("X", np.ones((16,) + X_SHAPE[1:], np.float32))   # a larger batch

@@ -31,8 +31,10 @@ SHOWN = 20
 @click.option("--json", "as_json", is_flag=True, help="Print predictions as JSON on stdout.")
 @click.option("--no-fuse", is_flag=True,
               help="Run the predict net as written, without the bind-time fusions.")
+@click.option("--no-memory-plan", is_flag=True,
+              help="Give every activation its own buffer (no sharing by lifetime).")
 def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, scale, weights,
-          as_json, no_fuse):
+          as_json, no_fuse, no_memory_plan):
     """Predict on INPUT (a .npy/.npz/.h5 file or SOURCE:PART such as mnist-10k:test) with a
     netrun CHECKPOINT, or with a MODEL file and --weights (e.g. a Caffe deploy.prototxt and
     its .caffemodel)."""
@@ -43,9 +45,11 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
     if checkpoint.endswith((".prototxt", ".yaml", ".yml", ".pbtxt")):
         if not weights:
             raise NetrunError(f"{checkpoint} is a model file: give its weights with --weights")
-        predictor = Predictor.from_model(checkpoint, weights, device, fuse=not no_fuse)
+        predictor = Predictor.from_model(checkpoint, weights, device, fuse=not no_fuse,
+                                         memory_plan=not no_memory_plan)
     else:
-        predictor = Predictor.from_checkpoint(checkpoint, device, fuse=not no_fuse)
+        predictor = Predictor.from_checkpoint(checkpoint, device, fuse=not no_fuse,
+                                              memory_plan=not no_memory_plan)
     console.detail(f"bind-time rewrites: {predictor.rewritten.summary()}")
     inputs = load_inputs(input, predictor, data_dir, transform=not raw)
     if scale is not None:

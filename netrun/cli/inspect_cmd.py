@@ -50,8 +50,15 @@ def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, 
                    "folded into convs, fused ReLUs), with the rules that fired.")
 @click.option("--no-fuse", is_flag=True,
               help="With --rewritten: rewriting off, as `--no-fuse` runs the nets.")
+@click.option("--memory", "memory", is_flag=True,
+              help="Activation memory of the training step and the predict net as bound: "
+                   "planned (shared by lifetime) against unplanned, and where the live set "
+                   "peaks.")
+@click.option("--no-memory-plan", is_flag=True,
+              help="With --memory: planning off (every activation its own buffer).")
 def inspect(model_path: str, batch: int, inputs: dict, which: str, show_nets: bool,
-            as_json: bool, rewritten: bool, no_fuse: bool) -> None:
+            as_json: bool, rewritten: bool, no_fuse: bool, memory: bool,
+            no_memory_plan: bool) -> None:
     """Per-op shapes, parameters and FLOPs of one of MODEL's nets."""
     from netrun.model import load_model  # lazy: loaded when the command runs
 
@@ -59,6 +66,16 @@ def inspect(model_path: str, batch: int, inputs: dict, which: str, show_nets: bo
     console.detail(f"loaded model '{model.name}' from {model_path}: {len(model.params)} "
                    f"params, nets init/train/predict of {len(model.init_net.ops)}/"
                    f"{len(model.train_net.ops)}/{len(model.predict_net.ops)} ops")
+    if memory:
+        from netrun.cli.memory_table import memory_plans, print_memory  # lazy
+
+        plans = memory_plans(model, batch, inputs, not no_fuse, not no_memory_plan)
+        if as_json:
+            console.json({"model": model.name, "batch": batch, "memory_plan": not no_memory_plan,
+                          "nets": plans})
+        else:
+            print_memory(plans, not no_memory_plan)
+        return
     fuse = None if not rewritten else not no_fuse      # None: the nets as written
     if show_nets and not as_json:
         console.text(_nets_text(model, batch, inputs, fuse))

@@ -6,6 +6,7 @@ import click
 from netrun.cli.algo_options import algo_options, configure_algos
 from netrun.cli.console import console, json_text
 from netrun.cli.inspect_cmd import parse_inputs
+from netrun.cli.memory_table import footer
 
 
 @click.command()
@@ -26,9 +27,11 @@ from netrun.cli.inspect_cmd import parse_inputs
               help="Also time every applicable algorithm of each convolution.")
 @click.option("--no-fuse", is_flag=True, help="Time the nets as written, without the "
               "bind-time fusions (BN folded into convs, fused ReLUs).")
+@click.option("--no-memory-plan", is_flag=True, help="Give every activation its own buffer "
+              "(no sharing by lifetime).")
 @algo_options
 def profile(target, batch, iters, warmup, device, forward_only, inputs, json_file, trace, top,
-            compare_algos, no_fuse, algo_search, workspace_limit):
+            compare_algos, no_fuse, no_memory_plan, algo_search, workspace_limit):
     """Time every operator of a model, train config or checkpoint (Caffe's `caffe time`)."""
     import warnings  # lazy: loaded when the command runs
 
@@ -37,7 +40,8 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prepared = prepare(target, batch, device, forward_only, inputs, fuse=not no_fuse)
+        prepared = prepare(target, batch, device, forward_only, inputs, fuse=not no_fuse,
+                           memory_plan=not no_memory_plan)
     for w in caught:
         console.warn(str(w.message))
     configure_algos(prepared.net.ws, algo_search, workspace_limit)
@@ -47,8 +51,11 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
     result = profile_net(prepared.net, iters, warmup, prepared.phases, prepared.costs,
                          before_iteration=prepared.feed)
     comparisons = _compare(prepared.net) if compare_algos else {}
+    memory = {name: plan.summary(prepared.phases if len(prepared.phases)
+                                 == len(plan.op_labels) else None)
+              for name, plan in prepared.net.ws.memory.net_plans.items()}
     if json_file:
-        data = {"target": target, "batch": prepared.batch, "iters": iters,
+        data = {"target": target, "batch": prepared.batch, "iters": iters, "memory": memory,
                 "rewrites": [{"rule": f.rule, "replaced": list(f.replaced), "made": f.made}
                              for r in prepared.rewritten for f in r.fired],
                 **result.to_json()}
@@ -81,6 +88,8 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
                  f"sum of ops {result.sum_of_ops_ms:.3f} ms "
                  f"({100 * result.sum_of_ops_ms / total:.1f}% of the iteration)" if total else "")
     console.line(f"by phase: {phases}")
+    for line in footer(prepared.net.ws, prepared.phases):
+        console.line(line)
     if comparisons:
         console.line()
         console.table(["op", "algorithm", "ms", "vs chosen"],

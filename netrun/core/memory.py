@@ -37,6 +37,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from netrun.core import budget
+from netrun.core.activations import ActivationArena, NetMemory, attach, detach
+from netrun.core.lifetimes import Value, external_reads, lifetimes, persistent_names
+from netrun.core.planner import place
 from netrun.core.schema import TensorSpec, get_schema
 from netrun.core.shape_inference import infer_op
 from netrun.proto.defs import NetDef
@@ -44,9 +47,15 @@ from netrun.util.registry import registrar
 
 ALIGN = 256                  # bytes between buffers: whole cache lines, aligned vector loads
 MIN_PLAN_BYTES = 256 << 10   # smaller plans are not worth a mapping: their faults cost little
+# Values smaller than this keep their own buffers: sharing them saves nothing worth having,
+# and the host reads such scalars (loss, learning rate, accuracy) between runs.
+MIN_VALUE_BYTES = 1024
 # Address space reserved for scratch at a time: pages cost memory once touched, and every op
 # carves from the start, so the memory held is the largest op's scratch (no fragmentation).
 SCRATCH_RESERVE = 512 << 20
+# Room added to an op's scratch estimate where the plan puts it in the activation arena:
+# each key (and each thread's key) starts on an ALIGN boundary.
+SCRATCH_SLACK = 64 * ALIGN
 
 # Scratch estimates, registered next to the ops that use scratch (as kernels and preparers
 # are): fn(ws, op, args, input_specs) -> the most scratch bytes one run of the OperatorDef
@@ -142,7 +151,11 @@ class ScratchArena:
         # weak reference on every lookup (per-op overhead shows at batch 1)
         self._ops: dict[int, tuple[dict, list[int]]] = {}
         self._lock = threading.Lock()   # chunk threads ask for their keys concurrently
-        self.peak = 0                   # most bytes handed out to one op (memory touched)
+        # The running op's room in the activation arena (its planned scratch), and how much
+        # of it is handed out: [bytes]; carving tries it before the arena's own blocks.
+        self._room: np.ndarray | None = None
+        self._room_used: list[int] = [0]
+        self.peak = 0                   # most bytes handed out to one op
         self.prefaulted = 0             # bytes at the start faulted in ahead of use
         # Debugging: a byte to fill the handed-out memory with when an op ends, so that an op
         # reading scratch written by an earlier one reads garbage (NaN for 0xFF).
@@ -154,14 +167,19 @@ class ScratchArena:
         if self.poison is not None:
             for block, used in zip(self._blocks.blocks, self._blocks.used):
                 np.ndarray((used,), np.uint8, buffer=block)[...] = self.poison
+            # The previous op's room: no value live from here on overlaps it (the plan).
+            if self._room is not None:
+                self._room[:self._room_used[0]] = self.poison
         if op is None:
-            self._regions, used = {}, []
+            self._regions, used, self._room_used = {}, [], [0]
+            self._room = None
         else:
             state = self._ops.get(id(op))
-            if state is None:
-                state = self._ops[id(op)] = ({}, [])
+            room = getattr(op, "scratch_room", None)
+            if state is None or state[3] is not room:   # new op, or a new plan for it
+                state = self._ops[id(op)] = ({}, [], [0], room)
                 weakref.finalize(op, self._ops.pop, id(op), None).atexit = False
-            self._regions, used = state
+            self._regions, used, self._room_used, self._room = state
         missing = len(self._blocks.blocks) - len(used)
         if missing:
             used.extend([0] * missing)   # blocks mapped since
@@ -193,6 +211,13 @@ class ScratchArena:
 
     def _carve(self, size: int, dt: np.dtype) -> np.ndarray:
         nbytes = max(size * dt.itemsize, 1)
+        room = self._room
+        if room is not None:
+            start = _aligned(self._room_used[0])
+            if start + nbytes <= len(room):
+                self._room_used[0] = start + nbytes
+                self.peak = max(self.peak, start + nbytes)
+                return room[start:start + nbytes].view(dt)
         spot = self._blocks.carve(nbytes)
         if spot is None:
             self._blocks.add(self._reserve(nbytes))
@@ -222,6 +247,10 @@ class NetPlan:
 
     outputs: list[TensorSpec] = field(default_factory=list)
     scratch: int = 0
+    where: list[tuple[int, int]] = field(default_factory=list)   # (op, output) of each
+    # Each op's output specs, None from the op where shape inference stopped.
+    specs: list[list[TensorSpec] | None] = field(default_factory=list)
+    op_scratch: list[int] = field(default_factory=list)   # each op's scratch estimate
 
 
 def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, TensorSpec],
@@ -236,8 +265,8 @@ def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, Te
     and ops are warmed up (their bind-time warm-ups).
     """
     specs = dict(known)
-    plan = NetPlan()
-    for op in net.ops:
+    plan = NetPlan(specs=[None] * len(net.ops), op_scratch=[0] * len(net.ops))
+    for i, op in enumerate(net.ops):
         ins = []
         for name in op.inputs:
             if name not in specs:
@@ -252,14 +281,17 @@ def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, Te
             try:
                 args = get_schema(op.type).verify(op)
                 if estimate is not None:
-                    plan.scratch = max(plan.scratch, int(estimate(ws, op, args, ins)))
+                    plan.op_scratch[i] = int(estimate(ws, op, args, ins))
+                    plan.scratch = max(plan.scratch, plan.op_scratch[i])
                 if warm_up is not None:
                     warm_up(ws, op, args, ins)
             except Exception:   # an optimisation only: the op's own run reports real errors
                 pass
-        for name, spec in zip(op.outputs, outs):
+        plan.specs[i] = list(outs)
+        for j, (name, spec) in enumerate(zip(op.outputs, outs)):
             if buffers.get(name) != spec:
                 plan.outputs.append(spec)
+                plan.where.append((i, j))
                 buffers[name] = spec
             specs[name] = spec
     return plan
@@ -268,15 +300,27 @@ def plan_net(net: NetDef, known: Mapping[str, TensorSpec], buffers: dict[str, Te
 class WorkspaceMemory:
     """A workspace's output plans and scratch (see the module doc)."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, plan: bool = True, debug: bool = False):
         self.backend = backend
         self.stats = MemoryStats()
+        # Lifetime planning of activations (netrun.core.lifetimes): host memory only.
+        self.enabled = bool(plan and backend.host_memory)
+        self.debug = bool(debug)          # poison each value's memory when it dies
+        self.keep: set[str] = set()       # blob names the user reads: never shared
+        self.min_bytes = MIN_VALUE_BYTES
+        self.activations = ActivationArena(backend.new_block) if backend.host_memory else None
+        self.net_plans: dict[str, NetMemory] = {}
+        # net name -> its bound net, weakly: the workspace owns nets, and ops let go of
+        # their scratch when their net goes
+        self._bound: dict[str, weakref.ref] = {}
         self.keyed: dict[tuple[str, str], Any] = {}   # scratch outside net runs: key -> buffer
         self.arena: ScratchArena | None = None
         self._planned: _Blocks | None = None
         if backend.host_memory:
             self.arena = ScratchArena(backend.new_block)
             self._planned = _Blocks()
+            if self.debug:      # scratch dies with its op: poisoned then too
+                self.arena.poison = 0xFF
         self._in_run = False
         self._lock = threading.Lock()
         self._waiting: dict[str, list[NetDef]] = {}   # blob name -> bound nets waiting for it
@@ -350,11 +394,23 @@ class WorkspaceMemory:
         """Bound nets whose plan waits for the shape of a blob not fed yet."""
         return [net for nets in self._waiting.values() for net in nets]
 
-    def plan(self, net: NetDef, blobs: Mapping[str, Any], ws: Any = None) -> None:
+    def plan(self, net: NetDef, blobs: Mapping[str, Any], ws: Any = None,
+             keep: tuple = ()) -> None:
         """Reserve and fault in what `net`'s first run allocates given the workspace's
-        `blobs` (`ws` is handed to scratch estimates), or wait for its inputs."""
-        if self._planned is not None:
-            self._plan(net, blobs, ws)
+        `blobs` (`ws` is handed to scratch estimates, and holds the bound nets), or wait
+        for its inputs. `keep` names blobs the user reads after runs: never shared."""
+        if self._planned is None:
+            return
+        new_keep = set(keep) - self.keep
+        self.keep |= new_keep
+        self.net_plans.pop(net.name, None)
+        self._plan(net, blobs, ws)
+        # Nets planned before may have shared a blob this net reads, or one now kept.
+        reads = external_reads(net) | new_keep
+        for name, other in list(self.net_plans.items()):
+            bound = ws._nets.get(name) if ws is not None else None
+            if name != net.name and bound is not None and reads & _planned_names(other):
+                self._plan(bound.def_, blobs, ws)
 
     def fed(self, name: str, blobs: Mapping[str, Any], ws: Any = None) -> None:
         """Blob `name` was fed: plan the bound nets that were waiting for its shape."""
@@ -362,6 +418,11 @@ class WorkspaceMemory:
             self._plan(net, blobs, ws)
 
     def _plan(self, net: NetDef, blobs: Mapping[str, Any], ws: Any) -> None:
+        bound = ws._nets.get(net.name) if ws is not None else None
+        if bound is not None and bound.def_ is net:
+            # Until this plan is made (it may wait for a feed), the net runs without one.
+            self.net_plans.pop(net.name, None)
+            detach(bound.ops)
         known = dict(self._future)
         buffers = dict(self._future)
         for name, value in blobs.items():
@@ -377,7 +438,9 @@ class WorkspaceMemory:
         except UnknownInput as e:
             self._waiting.setdefault(e.name, []).append(net)
             return
-        total = sum(_aligned(max(s.nbytes, 1)) for s in plan.outputs)
+        in_arena = self._plan_values(net, plan, ws) if self.enabled else None
+        outputs = [s for s, w in zip(plan.outputs, plan.where) if w not in (in_arena or ())]
+        total = sum(_aligned(max(s.nbytes, 1)) for s in outputs)
         budget.check(total + plan.scratch, f"binding net '{net.name}' (its outputs and "
                                            f"scratch)")
         written = {n: s for n, s in buffers.items() if n not in blobs}
@@ -392,9 +455,61 @@ class WorkspaceMemory:
             self._planned.add(block)
             self._plan_blocks[net.name] = block
             self.stats.planned_bytes += total
-            self.stats.planned_outputs += len(plan.outputs)
+            self.stats.planned_outputs += len(outputs)
+        if in_arena is not None:     # estimated scratch has its room in the arena
+            plan.scratch = 0
         self.stats.scratch_prefaulted += self.arena.prefault(plan.scratch)
         # Nets reading what this one writes (the update net reads the step net's gradients).
         for name in written:
             for waiting in self._waiting.pop(name, ()):
                 self._plan(waiting, blobs, ws)
+
+    def _plan_values(self, net: NetDef, plan: NetPlan, ws: Any
+                     ) -> set[tuple[int, int]] | None:
+        """Share `net`'s activations (and its ops' estimated scratch) by lifetime; returns
+        the (op, output) pairs written into the activation arena (None: not planned)."""
+        bound = ws._nets.get(net.name) if ws is not None else None
+        if bound is None or bound.def_ is not net:   # not bound: run once, unplanned
+            return None
+        others = [b.def_ for name, b in ws._nets.items() if name != net.name]
+        lt = lifetimes(net, plan.specs, persistent_names(net, others, self.keep),
+                       self.min_bytes)
+        # Each op's estimated scratch is a value living for that op alone: it goes where
+        # no value live at the op is (slack: every key is aligned).
+        for i, nbytes in enumerate(plan.op_scratch):
+            if nbytes > 0:
+                lt.scratch[i] = len(lt.values)
+                lt.values.append(Value(nbytes + SCRATCH_SLACK, i, i))
+        placement = place(lt.values)
+        # Without a plan each name written keeps a buffer (views and state updated in
+        # place aside, which exist either way).
+        kept: dict[str, int] = {}
+        every: dict[str, int] = {}
+        before = external_reads(net)
+        for i, (op, specs) in enumerate(zip(net.ops, plan.specs)):
+            for j, (name, spec) in enumerate(zip(op.outputs, specs or ())):
+                if name in before or (i, j) in lt.views:
+                    continue
+                every[name] = max(every.get(name, 0), _aligned(spec.nbytes))
+                if (i, j) not in lt.writes:
+                    kept[name] = max(kept.get(name, 0), _aligned(spec.nbytes))
+        record = NetMemory(net.name, lt, placement, plan.specs, [o.label for o in net.ops],
+                           sum(kept.values()), sum(every.values()) + max(plan.op_scratch,
+                                                                          default=0))
+        self.net_plans[net.name] = record
+        self._bound[net.name] = weakref.ref(bound)
+        if placement.size > self.activations.size:
+            budget.check(placement.size, f"the activation arena of net '{net.name}'")
+        if self.activations.ensure(placement.size):
+            for name, other in self.net_plans.items():   # a new block: views anew
+                owner = self._bound.get(name)
+                owner = owner() if owner is not None else None
+                if owner is not None:
+                    attach(other, self.activations, owner.ops, self.debug)
+        else:
+            attach(record, self.activations, bound.ops, self.debug)
+        return {w for w in lt.writes if w not in lt.views}
+
+
+def _planned_names(plan: NetMemory) -> set[str]:
+    return {name for v in plan.lifetimes.values for name in v.names}

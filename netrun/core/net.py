@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from netrun.core.activations import POISON
 from netrun.core.operator import Operator
 from netrun.errors import NetrunError, SchemaError, UnknownOpError
 from netrun.proto.defs import NetDef
@@ -37,7 +38,16 @@ class SimpleNet:
         # Each op starts a new scratch lifetime: ops share one scratch arena in turn.
         memory = self.ws.memory
         try:
-            if hook is None:
+            if memory.debug:
+                for i, o in enumerate(self.ops):
+                    memory.begin_op(o)
+                    o.run()
+                    # Values whose lifetime ends here are poisoned: a later reader fails.
+                    for region in o.poison:
+                        region[...] = POISON
+                    if hook is not None:
+                        hook(i, o)
+            elif hook is None:
                 for o in self.ops:
                     memory.begin_op(o)
                     o.run()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from netrun.core.registry import find_kernel, find_preparer, kernel_backends
 from netrun.core.schema import Args, TensorSpec, get_schema
 from netrun.errors import InternalError, NetrunError, SchemaError, ShapeError
@@ -17,7 +19,7 @@ class OpContext:
     """What a kernel sees besides its inputs: args, array module, output buffers, RNG, state."""
 
     __slots__ = ("def_", "args", "ws", "backend", "xp", "state", "_inputs", "_outputs",
-                 "_is_array", "_owns_data")
+                 "_is_array", "_owns_data", "_planned")
 
     def __init__(self, def_: OperatorDef, args: Args, ws: "Workspace"):
         self.def_ = def_
@@ -32,6 +34,8 @@ class OpContext:
         self._outputs = def_.outputs
         self._is_array = ws.backend.is_array
         self._owns_data = ws.backend.owns_data
+        # The memory plan's view for each output (None: not planned), or None for no plan.
+        self._planned: tuple | None = None
 
     @property
     def rng(self):
@@ -44,12 +48,20 @@ class OpContext:
         return self.ws.host_rng
 
     def output(self, i: int, shape, dtype="float32") -> Any:
-        """A buffer for output i, reused from the previous run when shape and dtype still fit."""
+        """A buffer for output i: its planned view in the workspace's activation arena, or
+        the previous run's buffer when shape and dtype still fit."""
         name = self._outputs[i]
         versions = self.ws._versions
         versions[name] = versions.get(name, 0) + 1
         if type(shape) is not tuple:
             shape = tuple(int(d) for d in shape)
+        planned = self._planned
+        if planned is not None:
+            view = planned[i]
+            if view is not None and view.shape == shape and view.dtype == dtype:
+                # Stored on every run: another net may have left its own view under the name.
+                self.ws._blobs[name] = view
+                return view
         existing = self.ws._blobs.get(name)
         # The steady state: last run's buffer fits (a tuple of NumPy ints compares equal too).
         if (existing is not None and self._is_array(existing)
@@ -90,6 +102,17 @@ class Operator:
         prepare = find_preparer(def_.type)
         if prepare is not None:
             prepare(self.ctx)
+        self.attach_plan(None, (), None, ())
+        # Bytes of the activation arena that the plan set aside for this op's scratch
+        # (netrun.core.memory.ScratchArena carves from them first), or None.
+        self.scratch_room = None
+
+    def attach_plan(self, planned: tuple | None, views: tuple, arena, poison: tuple) -> None:
+        """Take the memory plan's output views (netrun.core.activations.attach)."""
+        self.ctx._planned = planned
+        self._views = views          # outputs the plan expects as views of an input
+        self._arena = arena
+        self.poison = poison         # regions whose value dies here (debug mode)
 
     def run(self) -> None:
         """Read the inputs from the workspace, run the kernel, store the outputs."""
@@ -126,8 +149,23 @@ class Operator:
                 if value is x and n != name:
                     value = value.view()
                     break
+            if self._arena is not None:
+                value = self._settle(i, value)
             blobs[name] = value
             ws.touch(name)
+
+    def _settle(self, i: int, value: Any) -> Any:
+        """A returned output the plan did not foresee in the arena (a view of an input in
+        it) is copied out: its source's memory is another value's once the source dies."""
+        planned = self.ctx._planned[i]
+        if (value is planned or (i < len(self._views) and self._views[i])
+                or not self.ws.backend.is_array(value)
+                or not np.may_share_memory(value, self._arena.array)):
+            return value
+        if planned is not None and planned.shape == value.shape and planned.dtype == value.dtype:
+            planned[...] = value
+            return planned
+        return value.copy()
 
 
     def _diagnose(self, inputs: tuple, error: Exception) -> Exception:

@@ -1,6 +1,7 @@
 """The Workspace: blobs by name on one backend, the nets bound to them, and the RNGs."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -18,10 +19,16 @@ from netrun.proto.defs import NetDef, OperatorDef
 class Workspace:
     """Owns every blob and buffer; nets and operators only borrow them."""
 
-    def __init__(self, device: str = "cpu", seed: int | None = None):
+    def __init__(self, device: str = "cpu", seed: int | None = None, memory_plan: bool = False,
+                 plan_debug: bool | None = None):
         shared = get_backend(device)
         # Output buffers and scratch: planned per net, carved from this workspace's blocks.
-        self.memory = WorkspaceMemory(shared)
+        # memory_plan: activations share memory by lifetime (netrun.core.lifetimes);
+        # plan_debug (default: env NETRUN_PLAN_DEBUG=1): a value's memory is filled with
+        # NaN when it dies, so that a planning mistake shows in the results.
+        if plan_debug is None:
+            plan_debug = os.environ.get("NETRUN_PLAN_DEBUG", "") not in ("", "0")
+        self.memory = WorkspaceMemory(shared, plan=memory_plan, debug=plan_debug)
         self.backend = shared.bind(self.memory)
         # GPU: make the device and its stream current for this thread (sticky; CPU: no-op).
         self.backend.activate()
@@ -107,14 +114,18 @@ class Workspace:
         finally:
             self.memory.end_run()
 
-    def create_net(self, net: NetDef, overwrite: bool = True) -> SimpleNet:
-        """Bind a NetDef to this workspace under its name (validating every op)."""
+    def create_net(self, net: NetDef, overwrite: bool = True, keep=()) -> SimpleNet:
+        """Bind a NetDef to this workspace under its name (validating every op).
+
+        With memory planning, blobs that live only inside one run of the net share memory:
+        read them after the run only if named in `keep` (or the net's external outputs).
+        """
         if net.name in self._nets and not overwrite:
             raise NetrunError(f"net '{net.name}' already exists in this workspace")
         bound = SimpleNet(net, self)
         self._nets[net.name] = bound
         # Memory planning: the buffers of the first run, faulted in now (or once fed).
-        self.memory.plan(net, self._blobs, self)
+        self.memory.plan(net, self._blobs, self, tuple(keep))
         if self.backend.xp is np:   # the CPU kernels' worker threads start now, not in a run
             parallel.start()
         return bound

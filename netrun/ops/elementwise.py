@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from netrun.core.gradient import GradientContext, register_gradient
+from netrun.core.lifetimes import register_shape_reads
 from netrun.core.registry import register_kernel
 from netrun.core.schema import MANY, Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
@@ -184,6 +185,10 @@ for _type in _FORWARD:
                     doc=f"Gradient of {_type}: dY's contributions summed back to A's and B's "
                         f"shapes." + (" dB = -dY·Y/B." if _div else ""))
     register_kernel(f"{_type}Gradient")(_binary_grad_kernel(_type))
+    if _type in ("Add", "Sub"):
+        # dA and dB come from dY alone: A and B are read for their shapes, so the memory
+        # plan need not keep them alive until the backward pass.
+        register_shape_reads(f"{_type}Gradient", 1, 2)
 
 
 def _binary_maker(type: str):

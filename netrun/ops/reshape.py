@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from netrun.core.gradient import register_gradient
+from netrun.core.lifetimes import register_shape_reads, register_view
 from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
@@ -34,6 +35,10 @@ register_schema("Flatten", inputs=1, outputs=1, input_names=("X",), output_names
                 doc="Y = X as 2-D: the dims before `axis` times the dims from it on (a view).")
 
 
+# The kernel returns a view of X: the memory plan lets Y share X's lifetime.
+register_view("Flatten", (0, 0))
+
+
 @register_kernel("Flatten")
 def flatten(ctx, X):
     return X.reshape(_flatten_shape(ctx.args, [TensorSpec(X.shape)])[0].shape)
@@ -55,6 +60,12 @@ register_schema("ResizeLike", inputs=2, outputs=1, input_names=("X", "like"),
                 output_names=("Y",), shape_fn=_resize_like_shape, cost_fn=_view_cost,
                 non_differentiable=(1,), family="reshape",
                 doc="Y = X reshaped to the shape of `like` (a view; the sizes must agree).")
+
+
+# The kernel returns a view of X: the memory plan lets Y share X's lifetime. It reads only
+# the shape of `like` (a gradient's forward input): that read keeps nothing alive.
+register_view("ResizeLike", (0, 0))
+register_shape_reads("ResizeLike", 1)
 
 
 @register_kernel("ResizeLike")
@@ -115,6 +126,10 @@ register_schema("Reshape", inputs=(1, 2), outputs=(1, 2), input_names=("X", "new
                 non_differentiable=(1,), family="reshape",
                 doc="Y = X with a new shape (a view); old_shape (int64) keeps X's shape for "
                     "the gradient, which reshapes dY back to it.")
+
+
+# The kernel returns a view of X: the memory plan lets Y share X's lifetime.
+register_view("Reshape", (0, 0))
 
 
 @register_kernel("Reshape")

@@ -73,11 +73,12 @@ def kind_of(path: str) -> str:
 
 def prepare(path: str, batch: int | None, device: str, forward_only: bool,
             input_overrides: dict[str, TensorSpec] | None = None, seed: int = 0,
-            fuse: bool = True) -> ProfileTarget:
-    """Load whatever `path` is and bind the net to time (rewritten unless fuse=False)."""
+            fuse: bool = True, memory_plan: bool = True) -> ProfileTarget:
+    """Load whatever `path` is and bind the net to time (rewritten unless fuse=False;
+    activations sharing memory by lifetime unless memory_plan=False)."""
     kind = kind_of(path)
     if kind == "checkpoint":
-        return _from_checkpoint(path, batch, device, forward_only, seed, fuse)
+        return _from_checkpoint(path, batch, device, forward_only, seed, fuse, memory_plan)
     if kind == "config":
         cfg = load_config(path)
         model, solver = load_model(cfg.model), cfg.solver
@@ -91,12 +92,13 @@ def prepare(path: str, batch: int | None, device: str, forward_only: bool,
         warnings.warn(f"{path} has no loss: timing the forward pass only")
         forward_only = True
     return _from_model(model, solver, batch, device or "cpu", forward_only,
-                       input_overrides or {}, seed, f"{model.name} ({kind} {path})", fuse)
+                       input_overrides or {}, seed, f"{model.name} ({kind} {path})", fuse,
+                       memory_plan)
 
 
 def _from_model(model, solver, batch, device, forward_only, overrides, seed, description,
-                fuse=True):
-    ws = Workspace(device, seed=seed)
+                fuse=True, memory_plan=True):
+    ws = Workspace(device, seed=seed, memory_plan=memory_plan)
     specs = model.input_specs(batch, overrides)
     rng = np.random.default_rng(seed)
     classes = _num_classes(model, batch, overrides)
@@ -130,9 +132,19 @@ def _from_model(model, solver, batch, device, forward_only, overrides, seed, des
         phases = (["forward"] * nets.n_forward + ["backward"] * (len(nets.step.ops) - nets.n_forward)
                   + ["update"] * len(nets.update.ops))
         init = nets.init
+        keep = _handed_over(nets.step, nets.update)
     feed()
     costs = _costs(init, net, {**specs, **_derived(done, ws)})
-    return ProfileTarget(ws.create_net(net), phases, costs, feed, description, batch, [done])
+    return ProfileTarget(ws.create_net(net, keep=keep if not forward_only else ()), phases,
+                         costs, feed, description, batch, [done])
+
+
+def _handed_over(step: NetDef, update: NetDef) -> set[str]:
+    """Blobs the step net writes for the update net (the gradients): the trainer's step and
+    update nets never share them, so neither does the one net profiled for both."""
+    from netrun.core.lifetimes import external_reads
+
+    return {n for o in step.ops for n in o.outputs} & external_reads(update)
 
 
 def _derived(done: Rewritten, ws) -> dict[str, TensorSpec]:
@@ -141,15 +153,15 @@ def _derived(done: Rewritten, ws) -> dict[str, TensorSpec]:
             for fold in done.folds for n in (fold.weight, fold.bias)}
 
 
-def _from_checkpoint(path, batch, device, forward_only, seed, fuse=True):
+def _from_checkpoint(path, batch, device, forward_only, seed, fuse=True, memory_plan=True):
     info = ckpt.read_info(path)
     meta_model = info.meta.get("model", {})
     inputs = {n: (None if v is None else TensorSpec(tuple(v[0]), v[1]))
               for n, v in meta_model.get("inputs", {}).items()}
     labels = list(meta_model.get("labels", []))
     batch = batch or _stored_batch(info)
-    ws = Workspace(device or "cpu", seed=seed)
-    done = None
+    ws = Workspace(device or "cpu", seed=seed, memory_plan=memory_plan)
+    done, keep = None, set()
     if forward_only:
         net = info.net("predict")
         ckpt.load_blobs(ws, path, info.params, "params")
@@ -165,6 +177,7 @@ def _from_checkpoint(path, batch, device, forward_only, seed, fuse=True):
         # Forward ops come first in the step net (a hostile test net may be longer).
         n_fwd = min(len(info.net("test").ops), len(step.ops))
         net = NetDef("profile_train", step.ops + update.ops)
+        keep = _handed_over(step, update)
         phases = (["forward"] * n_fwd + ["backward"] * (len(step.ops) - n_fwd)
                   + ["update"] * len(update.ops))
     rng = np.random.default_rng(seed)
@@ -188,7 +201,8 @@ def _from_checkpoint(path, batch, device, forward_only, seed, fuse=True):
     if done is not None:
         specs.update(_derived(done, ws))
     costs = _costs(init, net, specs)
-    return ProfileTarget(ws.create_net(net), phases, costs, feed, f"checkpoint {path}", batch,
+    return ProfileTarget(ws.create_net(net, keep=keep), phases, costs, feed,
+                         f"checkpoint {path}", batch,
                          [done] if done is not None else [])
 
 

@@ -63,12 +63,13 @@ class TrainConfig:
     output: str = "runs/run"
     algo_search: str = "heuristic"
     fuse: bool = True                # bind-time fusions (netrun.rewrite); false: nets as written
+    memory_plan: bool = True         # activations share memory by lifetime (netrun.core.lifetimes)
     raw: dict = field(default_factory=dict)
     path: str | None = None
 
 
 _TOP_KEYS = ("model", "data", "solver", "device", "output", "algo_search", "fuse", "name",
-             "weights")
+             "weights", "memory_plan")
 # Keys a config made from a Caffe solver carries for the record.
 _RECORD_KEYS = ("caffe_solver", "notes")
 SEED_MAX = 2**63 - 1
@@ -145,8 +146,9 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     for key in ("model", "device", "output", "algo_search"):
         if key in raw and not isinstance(raw[key], (str, os.PathLike)):
             raise check.fail(raw, key, key, f"expected a string, got {raw[key]!r}")
-    if "fuse" in raw and not isinstance(raw["fuse"], bool):
-        raise check.fail(raw, "fuse", "fuse", f"expected true or false, got {raw['fuse']!r}")
+    for key in ("fuse", "memory_plan"):
+        if key in raw and not isinstance(raw[key], bool):
+            raise check.fail(raw, key, key, f"expected true or false, got {raw[key]!r}")
     base = path.parent if path else Path.cwd()
     model = Path(expand(str(raw["model"])))
     model = Path(os.path.normpath(model if model.is_absolute() else base / model))
@@ -171,7 +173,8 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     return TrainConfig(model=str(model), data=data, solver=solver,
                        device=str(raw.get("device", "cpu")), output=output,
                        algo_search=str(raw.get("algo_search", "heuristic")),
-                       fuse=raw.get("fuse", True), raw=raw,
+                       fuse=raw.get("fuse", True), memory_plan=raw.get("memory_plan", True),
+                       raw=raw,
                        path=str(path) if path else None)
 
 

@@ -120,7 +120,7 @@ class Trainer:
         self.output = Path(self.output or cfg.output)
         self.model = load_model(cfg.model)
         self.nets = build_training(self.model, cfg.solver)
-        self.ws = Workspace(self.device, seed=cfg.solver.seed)
+        self.ws = Workspace(self.device, seed=cfg.solver.seed, memory_plan=cfg.memory_plan)
         self.bound = self._rewritten_nets(cfg.fuse)
         data = dict(cfg.data)
         self.batch_size = int(data.pop("batch_size", 64))
@@ -168,8 +168,10 @@ class Trainer:
         # Bind with real inputs present so buffers and shapes settle on the first run.
         if "test" in self.rewrites:
             self.rewrites["test"].materialize(ws)
+        # What the loop reads between runs; the rest of the activations may share memory.
+        keep = [self.model.loss, *self.model.metrics, LR]
         for net in (self.bound.step, self.bound.update, self.bound.test):
-            ws.create_net(net)
+            ws.create_net(net, keep=keep)
         changes = self.restore(resume, allow_changes) if resume else []
         self._started = True
         return changes
