@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import netrun
+from netrun.rewrite import bind_rewrite
 from netrun.core.schema import TensorSpec
 from netrun.train.config import SolverConfig
 from netrun.train.solver import LR, build_training
@@ -66,8 +67,10 @@ def train(model, plan: bool, batch: int, overrides: dict | None = None, steps: i
     return out, ws
 
 
-def predict(model, plan: bool, batch: int, overrides: dict | None = None) -> tuple[dict, Any]:
-    """The predict net's outputs, three runs on different inputs."""
+def predict(model, plan: bool, batch: int, overrides: dict | None = None,
+            rewritten: bool = False) -> tuple[dict, Any]:
+    """The predict net's outputs, three runs on different inputs (rewritten: after the
+    bind-time inference rewrites, as infer runs it)."""
     ws = netrun.Workspace(seed=0, memory_plan=plan, plan_debug=plan)
     ws.run_net_once(model.init_net)
     rng = np.random.default_rng(1)
@@ -78,6 +81,8 @@ def predict(model, plan: bool, batch: int, overrides: dict | None = None) -> tup
     net = model.predict_net.copy()
     net.name = "predict"
     outputs = list(model.outputs) or [net.ops[-1].outputs[0]]
+    if rewritten:
+        net = bind_rewrite(net, ws, "inference", keep=outputs).net
     ws.create_net(net, keep=outputs)
     feeds = _feeds(model, batch, overrides or {}, labels=False)
     out = {}
@@ -117,12 +122,13 @@ def test_zoo_training_is_bitwise_the_same_with_planning(name):
     _planned_something(ws, build_training(model, SolverConfig()).step.name)
 
 
+@pytest.mark.parametrize("rewritten", [False, True])
 @pytest.mark.parametrize("name", sorted(ZOO))
-def test_zoo_inference_is_bitwise_the_same_with_planning(name):
+def test_zoo_inference_is_bitwise_the_same_with_planning(name, rewritten):
     batch, overrides = ZOO[name]
     model = netrun.load_model(str(REPO / "zoo" / f"{name}.yaml"))
-    want, _ = predict(model, False, batch, overrides)
-    got, ws = predict(model, True, batch, overrides)
+    want, _ = predict(model, False, batch, overrides, rewritten)
+    got, ws = predict(model, True, batch, overrides, rewritten)
     assert_same_bits(got, want)
     if name != "mlp":   # MLP's two hidden layers are live together at its second FC
         _planned_something(ws, "predict")
