@@ -139,6 +139,7 @@ def test_every_cpu_algorithm_gives_the_same_bits_on_any_thread_count(name, monke
     monkeypatch.setattr(parallel, "GEMM_MIN_FLOPS", 1)
     monkeypatch.setattr(parallel, "GEMM_MIN_SIDE", 1)
     monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)
+    monkeypatch.setattr(onednn_conv, "CHUNK_FLOPS", 1)
     one = _conv_passes(name, p, 1, monkeypatch)
     for threads in (2, 3):
         other = _conv_passes(name, p, threads, monkeypatch)

@@ -303,6 +303,8 @@ def test_algorithms_agree_when_the_batch_is_split_across_threads(name, monkeypat
         from netrun.conv.cpu import onednn as onednn_conv
 
         monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)
+
+        monkeypatch.setattr(onednn_conv, "CHUNK_FLOPS", 1)
     depthwise = ConvProblem(5, 6, 7, 6, 6, 3, 3, 1, 1, 1, 0, 2, 1, group=6, dtype="float64")
     cases = {"gemm_1x1": ConvProblem(5, 6, 5, 4, 4, 1, 1, 2, 1, dtype="float64"),
              "depthwise": depthwise, "depthwise_jit": depthwise,

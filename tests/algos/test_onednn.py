@@ -91,6 +91,8 @@ def test_both_gradients_chunked_equal_the_two_calls(monkeypatch):
     from netrun.conv.cpu import onednn as onednn_conv
 
     monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)
+
+    monkeypatch.setattr(onednn_conv, "CHUNK_FLOPS", 1)
     monkeypatch.setattr(parallel, "thread_count", lambda: 2)
     p = ConvProblem(8, 16, 10, 10, 16, 3, 3, 1, 1, 1, 1, 1, 1)
     rng = np.random.default_rng(4)
