@@ -68,7 +68,10 @@ class ConvAlgorithm:
         running it; called when a net is bound. Most algorithms need nothing."""
 
     def forward(self, xp, x, w, p: ConvProblem, out, scratch: Scratch, bias=None) -> None:
-        """out (N, K, oH, oW) = conv(x, w) (+ bias (K,) when given, fused where possible)."""
+        """out (N, K, oH, oW) = conv(x, w) (+ bias (K,) when given, fused where possible).
+        Algorithms that declare them take more keywords: relu=True (`fuses_relu`),
+        residual=S added before the ReLU (`fuses_residual`), filters=KeptFilters
+        (`keeps_filters`)."""
         raise NotImplementedError
 
     def backward_data(self, xp, dy, w, p: ConvProblem, out, scratch: Scratch) -> None:
