@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +32,25 @@ def _module(name: str):
 def test_shipped_resnet50_is_the_generated_one():
     resnets = _module("resnets")
     assert (REPO / "zoo" / "resnet50.yaml").read_text() == resnets.resnet50_yaml()
+
+
+def test_shipped_googlenet_is_the_generated_one_with_bvlcs_shapes():
+    """zoo/googlenet.yaml: the generator's text, BVLC GoogLeNet's 6,998,552 parameters (no
+    auxiliary classifiers) and its inception outputs' channels at 28, 14 and 7 pixels."""
+    from netrun.core.shape_inference import infer_shapes
+    from netrun.model import load_model
+
+    text = (REPO / "zoo" / "googlenet.yaml").read_text()
+    assert text == _module("googlenet").googlenet_yaml()
+    model = load_model(str(REPO / "zoo" / "googlenet.yaml"))
+    assert sum(int(np.prod(p.shape)) for p in model.params) == 6_998_552
+    specs = infer_shapes(model.predict_net, model.input_specs(2, {}))
+    outputs = {o.outputs[0]: specs[o.outputs[0]].shape for o in model.predict_net.ops
+               if o.type == "Concat"}
+    assert [s[1:] for s in outputs.values()] == [
+        (256, 28, 28), (480, 28, 28), (512, 14, 14), (512, 14, 14), (512, 14, 14),
+        (528, 14, 14), (832, 14, 14), (832, 7, 7), (1024, 7, 7)]
+    assert specs[model.outputs[0]].shape == (2, 1000)
 
 
 @pytest.mark.parametrize("net", ["resnet20", "resnet50"])

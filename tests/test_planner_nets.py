@@ -109,10 +109,10 @@ def _planned_something(ws, net: str) -> None:
 
 
 ZOO = {"lenet": (8, {}), "mlp": (8, {}), "cifar10_quick": (4, {}), "resnet20": (4, {}),
-       "resnet50": (1, {"data": TensorSpec((1, 3, 64, 64))})}
+       "resnet50": (1, {"data": TensorSpec((1, 3, 64, 64))}), "googlenet": (1, {})}
 
 
-@pytest.mark.parametrize("name", sorted(ZOO))
+@pytest.mark.parametrize("name", sorted(set(ZOO) - {"googlenet"}))   # 224² only: 12 s
 def test_zoo_training_is_bitwise_the_same_with_planning(name):
     batch, overrides = ZOO[name]
     model = netrun.load_model(str(REPO / "zoo" / f"{name}.yaml"))
