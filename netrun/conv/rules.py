@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from netrun.conv.algorithm import ConvAlgorithm, algorithms, find_algorithm
-from netrun.conv.cpu.dft_gemm import model_flops
+from netrun.conv.cpu.dft_gemm import filter_spectra_bytes, model_flops
 from netrun.conv.cpu.jit_winograd import tiles
 from netrun.conv.problem import ConvProblem
 from netrun.errors import ShapeError
@@ -54,6 +54,13 @@ SHIFT_MIN_CONTRACTION = 32
 # 1.5 to 2.3× faster).
 SHIFT_MIN_PIXELS = 1024
 DFT_MAX_FLOP_RATIO = 0.75
+# ...and only while its filters' spectra (streamed once per block of images) stay within
+# DFT_MAX_SPECTRA_RATIO × the layer's input and output: LeNet's and CIFAR's 5×5 layers at
+# their training batches need 0.9-1.7×, GoogLeNet's (many filters, batch 8) 6.5-32×, where
+# that traffic ate the saved flops (GoogLeNet at batch 8 ran no faster with it) and one
+# layer's 168 MB of scratch set the net's memory peak. A ratio of the problem alone: the
+# choice must not depend on the thread count.
+DFT_MAX_SPECTRA_RATIO = 4
 WINOGRAD_MIN_CHANNELS = 32
 WINOGRAD_MIN_TILES = 96
 
@@ -82,7 +89,8 @@ def preference(p: ConvProblem, backend: str = "cpu",
     if backend == "gpu":
         return GPU_PREFERENCE
     winograd = min(p.c, p.k) >= WINOGRAD_MIN_CHANNELS and p.n * tiles(p) >= WINOGRAD_MIN_TILES
-    fourier = p.sh == p.sw == 1 and model_flops(p) <= DFT_MAX_FLOP_RATIO * direct_flops(p)
+    fourier = (p.sh == p.sw == 1 and model_flops(p) <= DFT_MAX_FLOP_RATIO * direct_flops(p)
+               and filter_spectra_bytes(p) <= DFT_MAX_SPECTRA_RATIO * _io_bytes(p))
     first: tuple[str, ...] = ("depthwise_jit", "depthwise")
     if _onednn_first(p, direction, winograd, fourier):
         first += ("onednn",)
@@ -147,6 +155,11 @@ def fixed_algorithm(p: ConvProblem, fixed: str, backend: str) -> ConvAlgorithm |
         raise ShapeError(f"unknown convolution algorithm '{fixed}'")
     counterpart = own.get(COUNTERPARTS.get(backend, {}).get(fixed, ""))
     return counterpart if counterpart is not None and counterpart.applicable(p) else None
+
+
+def _io_bytes(p: ConvProblem) -> int:
+    """Bytes of the layer's input and output."""
+    return (p.n * p.c * p.h * p.w + p.n * p.k * p.oh * p.ow) * p.itemsize
 
 
 def direct_flops(p: ConvProblem) -> int:

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from netrun.conv import DIRECTIONS, ConvPlan, ConvProblem, choose, op_directions, warm_up
+from netrun.conv import ConvPlan, ConvProblem, choose, op_directions, warm_up
 from netrun.conv.algorithm import KeptFilters, algorithm_names
 from netrun.conv.cpu import jit_depthwise, jit_winograd
 from netrun.conv.rules import fixed_algorithm
@@ -366,11 +366,11 @@ def _rule_picks(ws, problem: ConvProblem, op, args) -> dict:
 
 @register_scratch_estimate(*CONV_TYPES)
 def _scratch_estimate(ws, op, args, ins) -> int:
-    """Scratch of the algorithms this op will pick, so a memory plan can fault it in at bind.
-    Choosing by the rules runs nothing."""
+    """Scratch of the algorithms this op will pick for the passes it runs (a Conv: forward
+    only), so a memory plan can fault it in at bind. Choosing by the rules runs nothing."""
     problem, _ = _conv_problem(args, ins[:2], op.type.startswith("ConvTranspose"))
-    return max(choose(ws.conv, problem, d, ws.backend, args.algo).workspace_bytes(problem)
-               for d in DIRECTIONS)
+    return max(algo.workspace_bytes(problem)
+               for algo in _rule_picks(ws, problem, op, args).values())
 
 
 @register_bind_warmup(*CONV_TYPES)

@@ -80,6 +80,13 @@ def grid(p: ConvProblem) -> tuple[int, int]:
     return pp, qq
 
 
+def filter_spectra_bytes(p: ConvProblem) -> int:
+    """Bytes of the filters' spectra, which every pass streams once per block of images (the
+    part of the scratch that does not depend on the thread count)."""
+    pp, qq = grid(p)
+    return 2 * pp * (qq // 2 + 1) * p.k * p.cg * 2 * 2 * p.itemsize
+
+
 @register_algorithm
 class DFTGemm(ConvAlgorithm):
     """Fourier convolution with dense DFT matrices as GEMMs on the smallest exact grid."""
@@ -104,7 +111,7 @@ class DFTGemm(ConvAlgorithm):
         threads, b = per_thread(p.n, self.block(p), work)          # each its own buffers
         per_image = max(p.c * p.h * (p.w + 2 * v), p.k * p.oh * (p.ow + 2 * v))
         spectra = 2 * pp * v * (p.c + p.k) * b * 2        # complex: 2 reals each
-        filt = 2 * pp * v * p.k * p.cg * 2 * 2
+        filt = filter_spectra_bytes(p) // p.itemsize
         return (threads * (2 * (spectra + per_image * b) + filt) + filt) * p.itemsize
 
     # Directions ----------------------------------------------------------------------------
