@@ -211,7 +211,7 @@ def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
 # from the backend's own set (netrun.conv.gpu on a GPU workspace).
 def _plan(ctx, X, W) -> ConvPlan:
     """The op's plan for these input shapes (made once, redone when shapes or settings change)."""
-    key = (X.shape, W.shape, str(X.dtype), ctx.ws.conv.generation)
+    key = (X.shape, W.shape, X.dtype, ctx.ws.conv.generation)
     plan = ctx.state.get("plan")
     if plan is None or plan.key != key:
         transposed = ctx.def_.type.startswith("ConvTranspose")
