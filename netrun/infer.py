@@ -59,12 +59,13 @@ class Predictor:
 
     @classmethod
     def from_checkpoint(cls, checkpoint: str | os.PathLike, device: str = "cpu",
-                        fuse: bool = True, memory_plan: bool = True) -> "Predictor":
+                        fuse: bool = True, memory_plan: bool = True,
+                        executor: str = "simple") -> "Predictor":
         """The predict net and parameters a netrun checkpoint holds."""
         info = ckpt.read_info(checkpoint)      # checks meta types; info.net checks the net
         model = info.meta.get("model", {})
         config = info.meta.get("config")
-        ws = Workspace(device, memory_plan=memory_plan)
+        ws = Workspace(device, memory_plan=memory_plan, executor=executor)
         ckpt.load_blobs(ws, checkpoint, info.params, "params")
         return cls(info.net("predict"), ws, model.get("inputs", {}), model.get("labels", []),
                    model.get("outputs", []), config if isinstance(config, dict) else None, fuse)
@@ -72,10 +73,10 @@ class Predictor:
     @classmethod
     def from_model(cls, path: str | os.PathLike, weights: str | os.PathLike,
                    device: str = "cpu", fuse: bool = True,
-                   memory_plan: bool = True) -> "Predictor":
+                   memory_plan: bool = True, executor: str = "simple") -> "Predictor":
         """A model file (.prototxt, .yaml, .pbtxt) with weights from a caffemodel or checkpoint."""
         model = load_model(path)
-        ws = Workspace(device, seed=0, memory_plan=memory_plan)
+        ws = Workspace(device, seed=0, memory_plan=memory_plan, executor=executor)
         ws.run_net_once(model.init_net)
         load_weights(ws, weights, model)
         inputs = {n: (None if s is None else [list(s.shape), s.dtype]) for n, s in model.inputs.items()}

@@ -33,8 +33,11 @@ SHOWN = 20
               help="Run the predict net as written, without the bind-time fusions.")
 @click.option("--no-memory-plan", is_flag=True,
               help="Give every activation its own buffer (no sharing by lifetime).")
+@click.option("--executor", type=click.Choice(["simple", "dag"]), default="simple",
+              show_default=True, help="Run the net in order (simple) or as a dependency graph "
+              "on worker threads (dag).")
 def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, scale, weights,
-          as_json, no_fuse, no_memory_plan):
+          as_json, no_fuse, no_memory_plan, executor):
     """Predict on INPUT (a .npy/.npz/.h5 file or SOURCE:PART such as mnist-10k:test) with a
     netrun CHECKPOINT, or with a MODEL file and --weights (e.g. a Caffe deploy.prototxt and
     its .caffemodel)."""
@@ -46,10 +49,10 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
         if not weights:
             raise NetrunError(f"{checkpoint} is a model file: give its weights with --weights")
         predictor = Predictor.from_model(checkpoint, weights, device, fuse=not no_fuse,
-                                         memory_plan=not no_memory_plan)
+                                         memory_plan=not no_memory_plan, executor=executor)
     else:
         predictor = Predictor.from_checkpoint(checkpoint, device, fuse=not no_fuse,
-                                              memory_plan=not no_memory_plan)
+                                              memory_plan=not no_memory_plan, executor=executor)
     console.detail(f"bind-time rewrites: {predictor.rewritten.summary()}")
     inputs = load_inputs(input, predictor, data_dir, transform=not raw)
     if scale is not None:

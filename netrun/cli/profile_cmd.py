@@ -29,9 +29,12 @@ from netrun.cli.memory_table import footer
               "bind-time fusions (BN folded into convs, fused ReLUs).")
 @click.option("--no-memory-plan", is_flag=True, help="Give every activation its own buffer "
               "(no sharing by lifetime).")
+@click.option("--executor", type=click.Choice(["simple", "dag"]), default="simple",
+              show_default=True, help="Run the net in order (simple) or as a dependency graph "
+              "on worker threads (dag).")
 @algo_options
 def profile(target, batch, iters, warmup, device, forward_only, inputs, json_file, trace, top,
-            compare_algos, no_fuse, no_memory_plan, algo_search, workspace_limit):
+            compare_algos, no_fuse, no_memory_plan, executor, algo_search, workspace_limit):
     """Time every operator of a model, train config or checkpoint (Caffe's `caffe time`)."""
     import warnings  # lazy: loaded when the command runs
 
@@ -41,7 +44,7 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         prepared = prepare(target, batch, device, forward_only, inputs, fuse=not no_fuse,
-                           memory_plan=not no_memory_plan)
+                           memory_plan=not no_memory_plan, executor=executor)
     for w in caught:
         console.warn(str(w.message))
     configure_algos(prepared.net.ws, algo_search, workspace_limit)

@@ -45,11 +45,14 @@ from netrun.cli.signals import StopRequest, signal_name
               "fusions (as `fuse: false` in the config).")
 @click.option("--no-memory-plan", is_flag=True, help="Give every activation its own buffer "
               "(as `memory_plan: false` in the config).")
+@click.option("--executor", type=click.Choice(["simple", "dag"]), default=None,
+              help="Run nets in order (simple) or as a dependency graph on worker threads "
+                   "(dag); as `executor:` in the config.")
 @algo_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def train(config, device, output, resume, force, allow_changes, overrides, max_iter, data_dir,
-          data_spec, weights, weights_partial, no_fuse, no_memory_plan, algo_search, workspace_limit,
-          as_json):
+          data_spec, weights, weights_partial, no_fuse, no_memory_plan, executor, algo_search,
+          workspace_limit, as_json):
     """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
     from netrun.train import run_folder  # lazy
     from netrun.train.config import load_config, with_overrides  # lazy
@@ -79,6 +82,8 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
         cfg.fuse = False
     if no_memory_plan:
         cfg.memory_plan = False
+    if executor:
+        cfg.executor = executor
     folder = Path(output or cfg.output)
     if force and resume:
         abort("--force starts a new run and --resume continues one: give only one of them")

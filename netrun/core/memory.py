@@ -350,6 +350,20 @@ class WorkspaceMemory:
             self.keyed[(key, str(dtype))] = buf
         return buf[:size].reshape(shape)
 
+    def worker_arena(self) -> ScratchArena | None:
+        """A scratch arena of its own for one worker of a graph executor (None: no host
+        memory, scratch keeps a buffer per key)."""
+        if self.arena is None:
+            return None
+        arena = ScratchArena(self.backend.new_block)
+        arena.poison = self.arena.poison
+        return arena
+
+    def plan_owner(self, name: str) -> Any:
+        """The bound net that net `name`'s plan was attached to, or None."""
+        ref = self._bound.get(name)
+        return ref() if ref is not None else None
+
     @property
     def scratch_bytes(self) -> int:
         """The scratch arena's high-water mark: the most bytes one operator was handed."""
@@ -480,7 +494,15 @@ class WorkspaceMemory:
             if nbytes > 0:
                 lt.scratch[i] = len(lt.values)
                 lt.values.append(Value(nbytes + SCRATCH_SLACK, i, i))
-        placement = place(lt.values)
+        placed = lt.values
+        # A graph executor may run ops out of order: a value is live from the first op
+        # that its writer does not wait for, so that no two values touched at the same time
+        # share bytes (netrun.core.dag; its ordering edges for shared bytes are then redundant).
+        concurrent = getattr(bound, "earliest_concurrent", None)
+        if concurrent is not None:
+            first = concurrent()
+            placed = [Value(v.nbytes, min(first[v.start], v.start), v.end) for v in placed]
+        placement = place(placed)
         # Without a plan each name written keeps a buffer (views and state updated in
         # place aside, which exist either way).
         kept: dict[str, int] = {}

@@ -19,7 +19,7 @@ class OpContext:
     """What a kernel sees besides its inputs: args, array module, output buffers, RNG, state."""
 
     __slots__ = ("def_", "args", "ws", "backend", "xp", "state", "_inputs", "_outputs",
-                 "_is_array", "_owns_data", "_planned")
+                 "_is_array", "_owns_data", "_planned", "_scratch", "_rng_ok")
 
     def __init__(self, def_: OperatorDef, args: Args, ws: "Workspace"):
         self.def_ = def_
@@ -36,15 +36,26 @@ class OpContext:
         self._owns_data = ws.backend.owns_data
         # The memory plan's view for each output (None: not planned), or None for no plan.
         self._planned: tuple | None = None
+        # The scratch arena of the graph executor's worker running this op (None: the
+        # workspace's): chunk threads ask through this context, not their own thread.
+        self._scratch = None
+        # False where a graph executor runs this op unordered with other random draws
+        # (netrun.core.dag.RANDOM_OPS does not name its type): drawing would then depend on
+        # which op ran first, so it fails loudly instead.
+        self._rng_ok = True
 
     @property
     def rng(self):
         """The workspace's device random generator (seeded; saved in checkpoints)."""
+        if not self._rng_ok:
+            raise _unordered_draw(self.def_)
         return self.ws.rng
 
     @property
     def host_rng(self):
         """The workspace's host NumPy generator: fillers use it so CPU and GPU init agree."""
+        if not self._rng_ok:
+            raise _unordered_draw(self.def_)
         return self.ws.host_rng
 
     def output(self, i: int, shape, dtype="float32") -> Any:
@@ -75,6 +86,9 @@ class OpContext:
 
     def scratch(self, key: str, shape, dtype="float32") -> Any:
         """Workspace-owned scratch memory shared by ops that never run at the same time."""
+        arena = self._scratch
+        if arena is not None:
+            return arena.get(key, shape, dtype)
         return self.ws.scratch(key, shape, dtype)
 
 
@@ -184,6 +198,12 @@ class Operator:
                 pass
         return InternalError(f"op {def_.label} failed inside its {self.ws.backend.name} kernel "
                              f"on inputs {shapes}: {type(error).__name__}: {error}")
+
+
+def _unordered_draw(def_: OperatorDef) -> InternalError:
+    return InternalError(f"op {def_.label} draws random numbers but the graph executor does "
+                         f"not keep its draws in order: add '{def_.type}' to "
+                         f"netrun.core.dag.RANDOM_OPS")
 
 
 def _shape_str(x: Any) -> str:

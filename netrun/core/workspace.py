@@ -8,6 +8,7 @@ import numpy as np
 
 from netrun.backends import get_backend
 from netrun.conv.state import ConvState
+from netrun.core.dag import EXECUTORS, DagNet, make_net
 from netrun.core.memory import WorkspaceMemory
 from netrun.core.net import SimpleNet
 from netrun.core.operator import Operator
@@ -20,8 +21,10 @@ class Workspace:
     """Owns every blob and buffer; nets and operators only borrow them."""
 
     def __init__(self, device: str = "cpu", seed: int | None = None, memory_plan: bool = False,
-                 plan_debug: bool | None = None):
+                 plan_debug: bool | None = None, executor: str = "simple"):
         shared = get_backend(device)
+        # How create_net runs nets by default: 'simple' (in order) or 'dag' (netrun.core.dag).
+        self.executor = check_executor(executor)
         # Output buffers and scratch: planned per net, carved from this workspace's blocks.
         # memory_plan: activations share memory by lifetime (netrun.core.lifetimes);
         # plan_debug (default: env NETRUN_PLAN_DEBUG=1): a value's memory is filled with
@@ -114,15 +117,20 @@ class Workspace:
         finally:
             self.memory.end_run()
 
-    def create_net(self, net: NetDef, overwrite: bool = True, keep=()) -> SimpleNet:
-        """Bind a NetDef to this workspace under its name (validating every op).
+    def create_net(self, net: NetDef, overwrite: bool = True, keep=(),
+                   executor: str | None = None) -> SimpleNet:
+        """Bind a NetDef to this workspace under its name (validating every op), run by
+        `executor` ('simple' or 'dag'; None: the workspace's).
 
         With memory planning, blobs that live only inside one run of the net share memory:
         read them after the run only if named in `keep` (or the net's external outputs).
         """
         if net.name in self._nets and not overwrite:
             raise NetrunError(f"net '{net.name}' already exists in this workspace")
-        bound = SimpleNet(net, self)
+        bound = make_net(net, self, check_executor(executor or self.executor))
+        old = self._nets.get(net.name)
+        if isinstance(old, DagNet):
+            old.close()
         self._nets[net.name] = bound
         # Memory planning: the buffers of the first run, faulted in now (or once fed).
         self.memory.plan(net, self._blobs, self, tuple(keep))
@@ -150,3 +158,10 @@ class Workspace:
     def nets(self) -> list[str]:
         """Names of the nets created in this workspace, sorted."""
         return sorted(self._nets)
+
+
+def check_executor(executor: str) -> str:
+    """`executor` if it names one, else a NetrunError listing them."""
+    if executor not in EXECUTORS:
+        raise NetrunError(f"unknown executor '{executor}' (choose from: {', '.join(EXECUTORS)})")
+    return executor

@@ -73,12 +73,14 @@ def kind_of(path: str) -> str:
 
 def prepare(path: str, batch: int | None, device: str, forward_only: bool,
             input_overrides: dict[str, TensorSpec] | None = None, seed: int = 0,
-            fuse: bool = True, memory_plan: bool = True) -> ProfileTarget:
+            fuse: bool = True, memory_plan: bool = True,
+            executor: str = "simple") -> ProfileTarget:
     """Load whatever `path` is and bind the net to time (rewritten unless fuse=False;
     activations sharing memory by lifetime unless memory_plan=False)."""
     kind = kind_of(path)
     if kind == "checkpoint":
-        return _from_checkpoint(path, batch, device, forward_only, seed, fuse, memory_plan)
+        return _from_checkpoint(path, batch, device, forward_only, seed, fuse, memory_plan,
+                                executor)
     if kind == "config":
         cfg = load_config(path)
         model, solver = load_model(cfg.model), cfg.solver
@@ -93,12 +95,12 @@ def prepare(path: str, batch: int | None, device: str, forward_only: bool,
         forward_only = True
     return _from_model(model, solver, batch, device or "cpu", forward_only,
                        input_overrides or {}, seed, f"{model.name} ({kind} {path})", fuse,
-                       memory_plan)
+                       memory_plan, executor)
 
 
 def _from_model(model, solver, batch, device, forward_only, overrides, seed, description,
-                fuse=True, memory_plan=True):
-    ws = Workspace(device, seed=seed, memory_plan=memory_plan)
+                fuse=True, memory_plan=True, executor="simple"):
+    ws = Workspace(device, seed=seed, memory_plan=memory_plan, executor=executor)
     specs = model.input_specs(batch, overrides)
     rng = np.random.default_rng(seed)
     classes = _num_classes(model, batch, overrides)
@@ -153,14 +155,15 @@ def _derived(done: Rewritten, ws) -> dict[str, TensorSpec]:
             for fold in done.folds for n in (fold.weight, fold.bias)}
 
 
-def _from_checkpoint(path, batch, device, forward_only, seed, fuse=True, memory_plan=True):
+def _from_checkpoint(path, batch, device, forward_only, seed, fuse=True, memory_plan=True,
+                     executor="simple"):
     info = ckpt.read_info(path)
     meta_model = info.meta.get("model", {})
     inputs = {n: (None if v is None else TensorSpec(tuple(v[0]), v[1]))
               for n, v in meta_model.get("inputs", {}).items()}
     labels = list(meta_model.get("labels", []))
     batch = batch or _stored_batch(info)
-    ws = Workspace(device or "cpu", seed=seed, memory_plan=memory_plan)
+    ws = Workspace(device or "cpu", seed=seed, memory_plan=memory_plan, executor=executor)
     done, keep = None, set()
     if forward_only:
         net = info.net("predict")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from netrun.core.dag import EXECUTORS
 from netrun.errors import ConfigError, NetrunError, suggest
 from netrun.ops.lr_policy import LRPolicy
 from netrun.proto.yaml_marks import MarkedDict, load_yaml, load_yaml_file, mark_of
@@ -64,12 +65,13 @@ class TrainConfig:
     algo_search: str = "heuristic"
     fuse: bool = True                # bind-time fusions (netrun.rewrite); false: nets as written
     memory_plan: bool = True         # activations share memory by lifetime (netrun.core.lifetimes)
+    executor: str = "simple"         # how nets run: in order, or as a graph (netrun.core.dag)
     raw: dict = field(default_factory=dict)
     path: str | None = None
 
 
 _TOP_KEYS = ("model", "data", "solver", "device", "output", "algo_search", "fuse", "name",
-             "weights", "memory_plan")
+             "weights", "memory_plan", "executor")
 # Keys a config made from a Caffe solver carries for the record.
 _RECORD_KEYS = ("caffe_solver", "notes")
 SEED_MAX = 2**63 - 1
@@ -149,6 +151,9 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     for key in ("fuse", "memory_plan"):
         if key in raw and not isinstance(raw[key], bool):
             raise check.fail(raw, key, key, f"expected true or false, got {raw[key]!r}")
+    if "executor" in raw and raw["executor"] not in EXECUTORS:
+        raise check.fail(raw, "executor", "executor", f"expected one of {', '.join(EXECUTORS)}, "
+                                                      f"got {raw['executor']!r}")
     base = path.parent if path else Path.cwd()
     model = Path(expand(str(raw["model"])))
     model = Path(os.path.normpath(model if model.is_absolute() else base / model))
@@ -174,6 +179,7 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
                        device=str(raw.get("device", "cpu")), output=output,
                        algo_search=str(raw.get("algo_search", "heuristic")),
                        fuse=raw.get("fuse", True), memory_plan=raw.get("memory_plan", True),
+                       executor=raw.get("executor", "simple"),
                        raw=raw,
                        path=str(path) if path else None)
 

@@ -120,7 +120,8 @@ class Trainer:
         self.output = Path(self.output or cfg.output)
         self.model = load_model(cfg.model)
         self.nets = build_training(self.model, cfg.solver)
-        self.ws = Workspace(self.device, seed=cfg.solver.seed, memory_plan=cfg.memory_plan)
+        self.ws = Workspace(self.device, seed=cfg.solver.seed, memory_plan=cfg.memory_plan,
+                            executor=cfg.executor)
         self.bound = self._rewritten_nets(cfg.fuse)
         data = dict(cfg.data)
         self.batch_size = int(data.pop("batch_size", 64))
