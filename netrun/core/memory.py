@@ -90,6 +90,18 @@ def _size(shape) -> int:
     return int(shape) if isinstance(shape, (int, np.integer)) else math.prod(map(int, shape))
 
 
+# str(dtype) by dtype (a string or a NumPy dtype): scratch asks on every GPU op, and str() of
+# a dtype costs microseconds. A memo of a pure function, so workspaces may share it.
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(np.dtype(dtype))
+    return name
+
+
 @dataclass
 class MemoryStats:
     """What a workspace's memory did, for tests and profiles (bytes and buffer counts)."""
@@ -344,10 +356,11 @@ class WorkspaceMemory:
         if self._in_run:
             return self.arena.get(key, shape, dtype)
         size = _size(shape)
-        buf = self.keyed.get((key, str(dtype)))
+        slot = (key, _dtype_name(dtype))
+        buf = self.keyed.get(slot)
         if buf is None or buf.size < size:
             buf = self.backend.empty((size,), dtype)
-            self.keyed[(key, str(dtype))] = buf
+            self.keyed[slot] = buf
         return buf[:size].reshape(shape)
 
     def worker_arena(self) -> ScratchArena | None:

@@ -5,7 +5,8 @@ standard library, so one source compiles under NVRTC (CuPy's RawModule, `name_ex
 selecting the instances) and, for tests on machines without a GPU, under a host C++ compiler
 with a small CUDA shim (tests/gpu/hostcuda.py). Kernels use grid-stride loops and no shared
 memory or atomics, so each thread's work is independent and deterministic; reductions across
-threads are left to the array module (cupy.sum, cuBLAS).
+threads are left to the array module (cupy.sum, cuBLAS), or split into fixed partials that a
+second kernel adds in a fixed order (batch norm's statistics: fewer launches per op).
 
 Nothing here imports cupy: the array module comes in as `xp` from the backend.
 """
@@ -37,8 +38,17 @@ _CTYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "lo
            "bool": "bool", "uint8": "unsigned char"}
 
 
+# ctype's answers by dtype object: `np.dtype(x).name` costs microseconds, and kernels ask on
+# every launch (a pure function of its argument, so sharing it is safe).
+_BY_DTYPE: dict[Any, str] = {np.dtype(n): c for n, c in _CTYPES.items()}
+
+
 def ctype(dtype: Any) -> str:
     """The C type of a NumPy dtype ('float32' -> 'float'); ValueError for others."""
+    try:
+        return _BY_DTYPE[dtype]
+    except (KeyError, TypeError):
+        pass
     name = np.dtype(dtype).name
     if name not in _CTYPES:
         raise ValueError(f"no GPU kernel instance for dtype {name}")
@@ -93,6 +103,12 @@ class KernelSource:
 
     def function(self, xp: Any, kernel: str, *types: Any) -> Any:
         """The compiled kernel `kernel<types...>` (dtypes or C type names) on the current device."""
+        # Looked up before any string is built: kernels ask on every launch.
+        fast = (id(xp), device_id(xp), kernel) + types
+        try:
+            return self._functions[fast]
+        except (KeyError, TypeError):
+            pass
         expr = f"{kernel}<{', '.join(_c_name(t) for t in types)}>" if types else kernel
         key = (id(xp), device_id(xp))
         fn = self._functions.get(key + (expr,))
@@ -105,6 +121,10 @@ class KernelSource:
                 module = self._modules[key] = xp.RawModule(
                     code=self.full_code, options=self.options, name_expressions=self.names)
             fn = self._functions[key + (expr,)] = module.get_function(expr)
+        try:
+            self._functions[fast] = fn
+        except TypeError:   # an unhashable type argument: found by its expression next time
+            pass
         return fn
 
 

@@ -162,10 +162,13 @@ def _flat(xp, a):
     return contiguous(xp, a).reshape(-1)
 
 
+_REALS = (np.dtype("float32"), np.dtype("float64"))
+
+
 def _uniform(*arrays) -> bool:
     """All arrays share one float dtype (else the array-module kernel runs)."""
-    dtypes = {a.dtype.name for a in arrays}
-    return len(dtypes) == 1 and dtypes <= {"float32", "float64"}
+    first = arrays[0].dtype
+    return first in _REALS and all(a.dtype == first for a in arrays)
 
 
 @register_kernel("LearningRate", backend="gpu")
