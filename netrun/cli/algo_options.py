@@ -7,7 +7,11 @@ MODES = ("heuristic", "exhaustive", "deterministic")
 
 
 def algo_options(fn):
-    """Decorate a command with --algo-search and --workspace-limit."""
+    """Decorate a command with --algo-search, --workspace-limit and --tf32."""
+    fn = click.option("--tf32", is_flag=True, default=None,
+                      help="Let float32 convolutions on the GPU use TF32 tensor cores "
+                           "(cuDNN): faster, products rounded to a 10-bit mantissa. "
+                           "Default: the config's tf32, else off.")(fn)
     fn = click.option("--workspace-limit", metavar="BYTES",
                       help="Largest scratch an algorithm may use, e.g. 512M (default: none).")(fn)
     fn = click.option("--algo-search", type=click.Choice(MODES),
@@ -17,11 +21,13 @@ def algo_options(fn):
     return fn
 
 
-def configure_algos(ws, mode: str | None, workspace_limit: str | None) -> None:
-    """Apply the options to a workspace (nothing to do when both are unset)."""
-    if mode is None and workspace_limit is None:
+def configure_algos(ws, mode: str | None, workspace_limit: str | None,
+                    tf32: bool | None = None) -> None:
+    """Apply the options to a workspace (nothing to do when all are unset)."""
+    if mode is None and workspace_limit is None and not tf32:
         return
     from netrun.conv import configure, parse_bytes  # lazy: loaded when the command runs
 
     configure(ws, mode=mode or "heuristic",
-              workspace_limit=parse_bytes(workspace_limit) if workspace_limit else None)
+              workspace_limit=parse_bytes(workspace_limit) if workspace_limit else None,
+              tf32=tf32 or None)

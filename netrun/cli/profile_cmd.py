@@ -34,7 +34,8 @@ from netrun.cli.memory_table import footer
               "on worker threads (dag).")
 @algo_options
 def profile(target, batch, iters, warmup, device, forward_only, inputs, json_file, trace, top,
-            compare_algos, no_fuse, no_memory_plan, executor, algo_search, workspace_limit):
+            compare_algos, no_fuse, no_memory_plan, executor, algo_search, workspace_limit,
+            tf32):
     """Time every operator of a model, train config or checkpoint (Caffe's `caffe time`)."""
     import warnings  # lazy: loaded when the command runs
 
@@ -47,7 +48,7 @@ def profile(target, batch, iters, warmup, device, forward_only, inputs, json_fil
                            memory_plan=not no_memory_plan, executor=executor)
     for w in caught:
         console.warn(str(w.message))
-    configure_algos(prepared.net.ws, algo_search, workspace_limit)
+    configure_algos(prepared.net.ws, algo_search, workspace_limit, tf32)
     console.info(f"profiling {prepared.description}, batch {prepared.batch}, "
                  f"{iters} iterations after {warmup} warm-up")
     console.info(f"bind-time rewrites: {'off (--no-fuse)' if no_fuse else prepared.rewrites}")

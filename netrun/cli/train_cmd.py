@@ -52,7 +52,7 @@ from netrun.cli.signals import StopRequest, signal_name
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def train(config, device, output, resume, force, allow_changes, overrides, max_iter, data_dir,
           data_spec, weights, weights_partial, no_fuse, no_memory_plan, executor, algo_search,
-          workspace_limit, as_json):
+          workspace_limit, tf32, as_json):
     """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
     from netrun.train import run_folder  # lazy
     from netrun.train.config import load_config, with_overrides  # lazy
@@ -100,7 +100,7 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
     trainer = Trainer(cfg, device=device, output=str(folder), data_dir=data_dir)
     holder["trainer"] = trainer
     mode = algo_search or (cfg.algo_search if cfg.algo_search != "heuristic" else None)
-    configure_algos(trainer.ws, mode, workspace_limit)
+    configure_algos(trainer.ws, mode, workspace_limit, tf32 or cfg.tf32)
     console.info(f"training {trainer.model.name} on {trainer.source.describe()} "
                  f"({trainer.ws.device}), {cfg.solver.max_iter} iterations -> {trainer.output}")
     for which, done in trainer.rewrites.items():

@@ -45,6 +45,9 @@ class ConvAlgorithm:
     backend = "cpu"        # the backend whose arrays it runs on (its registry)
     deterministic = True   # same bits on every run (no atomics / reordering by timing)
     optional_engine = False   # an outside library that may fail to run: a search skips it
+    # Float32 products in a shorter mantissa (TF32 tensor cores): a candidate only where the
+    # workspace's settings allow it (AlgoSettings.tf32), never by default.
+    reduced_precision = False
     fuses_relu = False     # forward takes relu=True and applies it itself (a post-op)
     fuses_residual = False  # forward takes residual=S: out = conv + bias + S, then the ReLU
     keeps_filters = False  # forward takes filters=KeptFilters (see there)

@@ -64,10 +64,11 @@ DFT_MAX_SPECTRA_RATIO = 4
 WINOGRAD_MIN_CHANNELS = 32
 WINOGRAD_MIN_TILES = 96
 
-# GPU, best first: cuDNN where it is installed and has a plan; a depthwise conv directly; a
-# 1×1 kernel as a plain GEMM; everything else im2col + GEMM. Winograd and FFT win only for
-# some shapes; exhaustive search finds those.
-GPU_PREFERENCE = ("cudnn", "gpu_depthwise", "gpu_gemm_1x1", "gpu_im2col_gemm")
+# GPU, best first: cuDNN where it is installed and has a plan (its TF32 engines first where
+# the settings allow them); a depthwise conv directly; a 1×1 kernel as a plain GEMM;
+# everything else im2col + GEMM. Winograd and FFT win only for some shapes; exhaustive search
+# finds those.
+GPU_PREFERENCE = ("cudnn_tf32", "cudnn", "gpu_depthwise", "gpu_gemm_1x1", "gpu_im2col_gemm")
 
 # An op's fixed `algo` names one algorithm; on the other backend it means this one (None:
 # the rules decide), so nets that fix `fft` or `im2col_gemm` run on both.

@@ -33,7 +33,8 @@ def candidates(p: ConvProblem, settings: AlgoSettings, backend: str = "cpu",
     """The backend's applicable algorithms within the workspace limit (deterministic ones in
     that mode). When none fits the limit, the one needing the least scratch is the only
     candidate: a convolution always runs."""
-    applicable = applicable_algorithms(p, backend)
+    applicable = [a for a in applicable_algorithms(p, backend)
+                  if settings.tf32 or not a.reduced_precision]
     if settings.mode == "deterministic":
         applicable = [a for a in applicable if a.deterministic]
     fits = [a for a in applicable if settings.allows(a.workspace_bytes(p))]

@@ -27,6 +27,7 @@ class AlgoSettings:
     workspace_limit: int | None = DEFAULT_WORKSPACE_LIMIT   # None: unlimited
     cache_dir: str | None = None    # None: NETRUN_CACHE_DIR, else ~/.cache/netrun/algos
     persist: bool = True            # exhaustive results go to (and come from) the disk cache
+    tf32: bool = False              # float32 convolutions may run in TF32 (GPU tensor cores)
 
     def allows(self, workspace_bytes: int) -> bool:
         """Whether an algorithm needing this much scratch fits under the limit."""
@@ -38,7 +39,7 @@ DEFAULT = AlgoSettings()
 
 def configure(ws: Any, mode: str | None = None, workspace_limit: int | None | str = "keep",
               cache_dir: str | None | object = "keep", persist: bool | None = None,
-              ) -> AlgoSettings:
+              tf32: bool | None = None) -> AlgoSettings:
     """Set the algorithm settings of workspace `ws` (unnamed fields keep their value).
 
     `workspace_limit` is in bytes (None: unlimited). Conv ops re-pick their algorithms the
@@ -59,6 +60,8 @@ def configure(ws: Any, mode: str | None = None, workspace_limit: int | None | st
         changes["cache_dir"] = None if cache_dir is None else str(cache_dir)
     if persist is not None:
         changes["persist"] = bool(persist)
+    if tf32 is not None:
+        changes["tf32"] = bool(tf32)
     settings = replace(current, **changes)
     ws.conv.set_settings(settings)
     return settings

@@ -63,6 +63,7 @@ class TrainConfig:
     device: str = "cpu"
     output: str = "runs/run"
     algo_search: str = "heuristic"
+    tf32: bool = False               # GPU float32 convolutions may use TF32 tensor cores
     fuse: bool = True                # bind-time fusions (netrun.rewrite); false: nets as written
     memory_plan: bool = True         # activations share memory by lifetime (netrun.core.lifetimes)
     executor: str = "simple"         # how nets run: in order, or as a graph (netrun.core.dag)
@@ -70,8 +71,8 @@ class TrainConfig:
     path: str | None = None
 
 
-_TOP_KEYS = ("model", "data", "solver", "device", "output", "algo_search", "fuse", "name",
-             "weights", "memory_plan", "executor")
+_TOP_KEYS = ("model", "data", "solver", "device", "output", "algo_search", "tf32", "fuse",
+             "name", "weights", "memory_plan", "executor")
 # Keys a config made from a Caffe solver carries for the record.
 _RECORD_KEYS = ("caffe_solver", "notes")
 SEED_MAX = 2**63 - 1
@@ -148,7 +149,7 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     for key in ("model", "device", "output", "algo_search"):
         if key in raw and not isinstance(raw[key], (str, os.PathLike)):
             raise check.fail(raw, key, key, f"expected a string, got {raw[key]!r}")
-    for key in ("fuse", "memory_plan"):
+    for key in ("fuse", "memory_plan", "tf32"):
         if key in raw and not isinstance(raw[key], bool):
             raise check.fail(raw, key, key, f"expected true or false, got {raw[key]!r}")
     if "executor" in raw and raw["executor"] not in EXECUTORS:
@@ -178,6 +179,7 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     return TrainConfig(model=str(model), data=data, solver=solver,
                        device=str(raw.get("device", "cpu")), output=output,
                        algo_search=str(raw.get("algo_search", "heuristic")),
+                       tf32=raw.get("tf32", False),
                        fuse=raw.get("fuse", True), memory_plan=raw.get("memory_plan", True),
                        executor=raw.get("executor", "simple"),
                        raw=raw,

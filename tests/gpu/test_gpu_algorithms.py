@@ -2,6 +2,7 @@
 (rules, fixed names, the timing search and its cache), and that CPU problems never see them."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -12,7 +13,7 @@ from netrun import conv as algos
 from netrun.conv import select
 from netrun.conv.algorithm import algorithms, applicable_algorithms
 from netrun.conv.gpu.base import GPUAlgorithm
-from netrun.conv.problem import ConvProblem
+from netrun.conv.problem import DIRECTIONS, ConvProblem
 from netrun.conv.rules import fixed_algorithm
 from netrun.errors import ShapeError
 
@@ -43,13 +44,13 @@ def _reference(p: ConvProblem, x, w, dy):
     return bias, (y, dx, dw, db)
 
 
-def _run_gpu(backend, algo, p, x, w, dy, bias):
+def _run_gpu(backend, algo, p, x, w, dy, bias, dtype="float64"):
     """The algorithm's three directions on the GPU backend, as host arrays."""
     xp, dev = backend.xp, backend.to_device
     scratch = netrun.Workspace("gpu").scratch
     gx, gw, gdy, gb = dev(x), dev(w), dev(dy), dev(bias)
-    y, dx = backend.empty((p.n, p.k, p.oh, p.ow), "float64"), backend.empty(x.shape, "float64")
-    dw, db = backend.empty(w.shape, "float64"), backend.empty((p.k,), "float64")
+    y, dx = backend.empty((p.n, p.k, p.oh, p.ow), dtype), backend.empty(x.shape, dtype)
+    dw, db = backend.empty(w.shape, dtype), backend.empty((p.k,), dtype)
     algo.forward(xp, gx, gw, p, y, scratch, bias=gb)
     algo.backward_data(xp, gdy, gw, p, dx, scratch)
     algo.backward_filter(xp, gx, gdy, p, dw, scratch, dbias=db)
@@ -58,7 +59,7 @@ def _run_gpu(backend, algo, p, x, w, dy, bias):
 
 @pytest.mark.parametrize("name", sorted(PROBLEMS))
 def test_every_applicable_gpu_algorithm_matches_im2col(gpu, name):
-    p = PROBLEMS[name]   # one ConvProblem on every backend
+    p = dataclasses.replace(PROBLEMS[name], dtype="float64")   # one problem on every backend
     rng = np.random.default_rng(0)
     x = rng.standard_normal((p.n, p.c, p.h, p.w))
     w = rng.standard_normal((p.k, p.cg, p.kh, p.kw))
@@ -72,6 +73,30 @@ def test_every_applicable_gpu_algorithm_matches_im2col(gpu, name):
                                        err_msg=f"{algo.name} {what} on {p.describe()}")
         ran.append(algo.name)
     assert "gpu_im2col_gemm" in ran
+
+
+@pytest.mark.parametrize("name", sorted(PROBLEMS))
+def test_cudnn_agrees_with_im2col_in_float32(gpu, name):
+    """cuDNN (float32 only) against the float64 reference: full float32 arithmetic (no TF32
+    engines), deterministic (two runs, the same bits). Skipped where it has no plan."""
+    p = PROBLEMS[name]
+    algo = GPU["cudnn"]
+    if not algo.fits(p) or not all(algo.supports(gpu.xp, p, d) for d in
+                                   ("forward", "backward_data", "backward_filter")):
+        pytest.skip("cuDNN is not installed here, or has no deterministic float32 plan for it")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((p.n, p.c, p.h, p.w))
+    w = rng.standard_normal((p.k, p.cg, p.kh, p.kw))
+    dy = rng.standard_normal((p.n, p.k, p.oh, p.ow))
+    bias, refs = _reference(p, x, w, dy)
+    f32 = [a.astype(np.float32) for a in (x, w, dy, bias)]
+    first = _run_gpu(gpu, algo, p, *f32, dtype="float32")
+    again = _run_gpu(gpu, algo, p, *f32, dtype="float32")
+    for what, a, b, r in zip(("forward", "backward_data", "backward_filter", "dbias"), first,
+                             again, refs):
+        np.testing.assert_array_equal(a, b, err_msg=f"cudnn {what} differs between runs")
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5 * np.abs(r).max(),
+                                   err_msg=f"cudnn {what} on {p.describe()}")
 
 
 def test_im2col_blocks_give_the_same_result(gpu, monkeypatch):
@@ -92,9 +117,20 @@ def test_im2col_blocks_give_the_same_result(gpu, monkeypatch):
 
 def test_registration_order_starts_with_im2col_and_ends_with_cudnn():
     """The order searches time them and the rules' last resort (the first): the algorithm that
-    runs every problem first, the optional engine (which may lack a plan) last."""
+    runs every problem first, the optional engines (which may lack a plan) last."""
     names = list(GPU)
-    assert names[0] == "gpu_im2col_gemm" and names[-1] == "cudnn", names
+    assert names[0] == "gpu_im2col_gemm" and names[-2:] == ["cudnn", "cudnn_tf32"], names
+
+
+def test_tf32_engines_are_candidates_only_when_allowed():
+    p = PROBLEMS["3x3 pad 1"]
+    tf32 = GPU["cudnn_tf32"]
+    assert tf32.reduced_precision and not GPU["cudnn"].reduced_precision
+    for mode in ("heuristic", "exhaustive", "deterministic"):
+        off = select.candidates(p, algos.AlgoSettings(mode=mode), "gpu")
+        assert tf32 not in off
+        on = select.candidates(p, algos.AlgoSettings(mode=mode, tf32=True), "gpu")
+        assert (tf32 in on) == tf32.fits(p)
 
 
 def test_cpu_problems_never_get_gpu_algorithms(gpu):
@@ -141,6 +177,11 @@ def _conv_net(ws, x_shape, w_shape, **args):
 def test_rules_and_fixed_names(gpu, shapes, args, want):
     ws = netrun.Workspace("gpu")
     fwd, grad = _conv_net(ws, *shapes, **args)
+    p = fwd.ctx.state["plan"].problem
+    ruled = "algo" not in args or fixed_algorithm(p, args["algo"], "gpu") is None
+    if ruled and GPU["cudnn"].fits(p) and all(
+            GPU["cudnn"].supports(gpu.xp, p, d) for d in DIRECTIONS):
+        want = "cudnn"      # the rules' first choice wherever cuDNN is installed and has plans
     assert fwd.ctx.state["algo"] == want
     assert grad.ctx.state["algo"] == want
     plan = grad.ctx.state["plan"]

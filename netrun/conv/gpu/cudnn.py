@@ -4,8 +4,15 @@ CuPy 14 no longer ships cuDNN bindings; the frontend's Python package
 (`pip install nvidia-cudnn-frontend`, with the cuDNN library) builds a one-node graph per
 problem and direction (conv_fprop / conv_dgrad / conv_wgrad), lets cuDNN's heuristics pick an
 execution plan, and runs it on CuPy arrays (passed through DLPack) on the backend's stream.
-Without the package the algorithm applies to nothing. cuDNN's kernels may use atomics,
-so the algorithm is not deterministic; symmetric padding and float32 only.
+Without the package the algorithm applies to nothing. Symmetric padding and float32 only.
+
+Two kinds of cuDNN engine are left out of every plan, so that cuDNN keeps netrun's promises:
+those with the NONDETERMINISTIC numerical note (atomics: different bits from run to run) and
+those with the TENSOR_CORE note, which for float32 data compute in TF32 (a 10-bit mantissa:
+logits off by 1e-3 relative on LeNet, measured on an H200). What remains is deterministic
+float32 arithmetic, so cuDNN may be the default choice. `cudnn_tf32` keeps the tensor-core
+engines (still deterministic); it is a candidate only where the settings allow TF32
+(`--tf32`, the config's `tf32: true`), which is PyTorch's default for cuDNN convolutions.
 """
 from __future__ import annotations
 
@@ -32,14 +39,17 @@ class CudnnConv(GPUAlgorithm):
     """A cuDNN graph per problem and direction, built once; its plan from cuDNN's heuristics."""
 
     name = "cudnn"
-    deterministic = False
+    deterministic = True          # nondeterministic engines are deselected in _build
     optional_engine = True
-    summary = "cuDNN frontend graph (optional package), cuDNN's heuristic plan; symmetric pads"
+    summary = ("cuDNN frontend graph (optional package): deterministic full-float32 engines, "
+               "cuDNN's heuristic plan; symmetric pads")
+    deselected_notes = ("NONDETERMINISTIC", "TENSOR_CORE")
 
     def __init__(self):
         self._graphs: dict[tuple, Any] = {}
         self._errors: dict[tuple, str] = {}
         self._handles: dict[int, Any] = {}
+        self._streams: dict[int, int] = {}     # the stream each device's handle is set to
 
     def fits(self, p) -> bool:
         return cudnn_module() is not None and p.dtype == "float32" and p.pt == p.pb and p.pl == p.pr
@@ -59,7 +69,10 @@ class CudnnConv(GPUAlgorithm):
         if device not in self._handles:
             self._handles[device] = cudnn.create_handle()
         handle = self._handles[device]
-        cudnn.set_stream(handle=handle, stream=xp.cuda.get_current_stream().ptr)
+        stream = xp.cuda.get_current_stream().ptr
+        if self._streams.get(device) != stream:
+            cudnn.set_stream(handle=handle, stream=stream)
+            self._streams[device] = stream
         return handle
 
     def _graph(self, xp, p, direction: str, raise_errors: bool = True):
@@ -103,14 +116,19 @@ class CudnnConv(GPUAlgorithm):
         graph.validate()
         graph.build_operation_graph()
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.deselect_numeric_notes([getattr(cudnn.numerical_note, note)
+                                      for note in self.deselected_notes])
         graph.check_support()
         graph.build_plans()
-        return graph, (a, b, out), int(graph.get_workspace_size())
+        # The tensors' uids: execute then takes plain device pointers, skipping the
+        # frontend's per-call DLPack conversions (most of a small conv's host time).
+        return graph, (a.get_uid(), b.get_uid(), out.get_uid()), int(graph.get_workspace_size())
 
     def _run(self, xp, p, direction: str, first, second, out, scratch) -> None:
         graph, (a, b, y), size = self._graph(xp, p, direction)
         workspace = scratch("cudnn.workspace", (max(size, 1),), "uint8")
-        graph.execute({a: first, b: second, y: out}, workspace, handle=self._handle(xp))
+        graph.execute({a: first.data.ptr, b: second.data.ptr, y: out.data.ptr},
+                      workspace.data.ptr, handle=self._handle(xp))
 
     def forward(self, xp, x, w, p, out, scratch, bias=None):
         self._run(xp, p, "forward", x, w, out, scratch)
@@ -123,3 +141,14 @@ class CudnnConv(GPUAlgorithm):
         self._run(xp, p, "backward_filter", x, dy, out, scratch)
         if dbias is not None:
             xp.sum(dy.reshape(p.n, p.k, p.oh * p.ow), axis=(0, 2), out=dbias)
+
+
+@register_algorithm
+class CudnnTF32Conv(CudnnConv):
+    """cuDNN with its tensor-core engines: float32 data, TF32 products (opt-in)."""
+
+    name = "cudnn_tf32"
+    reduced_precision = True
+    summary = ("cuDNN with tensor-core engines: TF32 products (10-bit mantissa), "
+               "deterministic; only with --tf32")
+    deselected_notes = ("NONDETERMINISTIC",)

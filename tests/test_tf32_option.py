@@ -1,0 +1,47 @@
+"""The TF32 opt-in for GPU convolutions: the `tf32` config key, `--tf32` on train and
+profile, and the workspace setting they set (cuDNN's tensor-core engines become candidates)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+import netrun
+from netrun.cli import cli
+from netrun.cli.algo_options import configure_algos
+from netrun.train.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+LENET = str(REPO / "zoo" / "lenet.yaml")
+
+
+def test_tf32_config_key(tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text(f"model: {LENET}\ndata: {{source: generated}}\n")
+    assert load_config(str(config)).tf32 is False
+    config.write_text(f"model: {LENET}\ndata: {{source: generated}}\ntf32: true\n")
+    assert load_config(str(config)).tf32 is True
+    config.write_text(f"model: {LENET}\ndata: {{source: generated}}\ntf32: sometimes\n")
+    result = CliRunner().invoke(cli, ["train", str(config)], prog_name="netrun")
+    assert result.exit_code == 2
+    assert "tf32" in result.output and "true or false" in result.output
+
+
+def test_the_option_sets_the_workspace_setting_and_nothing_else():
+    ws = netrun.Workspace("cpu")
+    configure_algos(ws, None, None, None)
+    assert ws.conv.settings.tf32 is False
+    configure_algos(ws, None, None, True)
+    assert ws.conv.settings.tf32 is True and ws.conv.settings.mode == "heuristic"
+
+
+def test_profile_takes_tf32_and_cpu_convolutions_are_unchanged():
+    args = ["profile", LENET, "-b", "2", "--iters", "1", "--warmup", "0", "--json", "-"]
+    plain = CliRunner().invoke(cli, args, prog_name="netrun")
+    tf32 = CliRunner().invoke(cli, args + ["--tf32"], prog_name="netrun")
+    assert plain.exit_code == 0 and tf32.exit_code == 0, tf32.output
+    import json
+
+    algos = [{o["name"]: o["algo"] for o in json.loads(r.stdout)["ops"] if o["algo"]}
+             for r in (plain, tf32)]
+    assert algos[0] == algos[1] and algos[0]   # no CPU algorithm is reduced-precision
