@@ -11,6 +11,11 @@ chose. Both libraries run on the same device in one process; every measurement a
 them in blocks of iterations, each block timed between two device synchronizations (so
 queued work is counted and the per-sync cost is amortized), medians reported. Ratios are
 netrun / PyTorch time (below 1: netrun is faster); throughput is examples per second.
+Both libraries compute convolutions in full float32 (PyTorch's cuDNN TF32 default turned off,
+as netrun's default leaves cuDNN's TF32 engines out); --tf32 lets both use TF32 tensor cores
+(PyTorch's default, netrun's --tf32). "host ms"
+is how long netrun's run() takes to return without a device sync: when it is close to the
+step's time, the step is bound by Python's launch overhead, not by the GPU.
 `--device cpu` runs the same script on the CPU (a smoke test where there is no GPU).
 PyTorch (with CUDA for --device gpu) is a test-only dependency: without it the script says so.
 """
@@ -145,7 +150,8 @@ def _model_path(name: str, folder: Path) -> str:
     return str(out)
 
 
-def bench_net(torch, name: str, device: str, reps: int, mode: str, folder: Path) -> list[dict]:
+def bench_net(torch, name: str, device: str, reps: int, mode: str, folder: Path,
+              tf32: bool = False) -> list[dict]:
     from netrun import conv as algos
     from netrun.profile.targets import prepare
 
@@ -156,7 +162,7 @@ def bench_net(torch, name: str, device: str, reps: int, mode: str, folder: Path)
         target = prepare(_model_path(name, folder), batch, device,
                          forward_only=(phase == "inference"))
         backend = target.net.ws.backend
-        algos.configure(target.net.ws, mode=mode)
+        algos.configure(target.net.ws, mode=mode, tf32=tf32)
         model, shape, classes = torch_net(torch, name)
         model = model.to(tdev)
         x = torch.randn(batch, *shape, device=tdev)
@@ -172,6 +178,11 @@ def bench_net(torch, name: str, device: str, reps: int, mode: str, folder: Path)
                 "torch": torch.cuda.synchronize if tdev == "cuda" else (lambda: None)}
         times = alternate({"netrun": target.net.run, "torch": torch_step}, sync, reps,
                           block=5 if name == "resnet50" else 10)
+        backend.synchronize()
+        t0 = time.perf_counter()
+        target.net.run()
+        host = (time.perf_counter() - t0) * 1e3
+        backend.synchronize()
         algos_used = sorted({o.ctx.state["algo"] for o in target.net.ops
                              if o.ctx.state.get("algo")})
         mem = getattr(backend, "memory_stats", lambda: {})()
@@ -179,7 +190,7 @@ def bench_net(torch, name: str, device: str, reps: int, mode: str, folder: Path)
                      "ratio": times["netrun"] / times["torch"],
                      "netrun_per_s": batch / times["netrun"] * 1e3,
                      "torch_per_s": batch / times["torch"] * 1e3,
-                     "first_run_ms": first, "algos": algos_used,
+                     "first_run_ms": first, "host_ms": host, "algos": algos_used,
                      "netrun_peak_mb": mem.get("peak_held_bytes", 0) / 2 ** 20,
                      "torch_peak_mb": (torch.cuda.max_memory_allocated() / 2 ** 20
                                        if tdev == "cuda" else 0.0)})
@@ -199,14 +210,14 @@ def _free(torch, backend, tdev: str) -> None:
 
 
 # Single convolutions --------------------------------------------------------------------------
-def bench_convs(torch, device: str, reps: int, mode: str) -> list[dict]:
+def bench_convs(torch, device: str, reps: int, mode: str, tf32: bool = False) -> list[dict]:
     import netrun
     from netrun import conv as algos
     from netrun.conv.algorithm import ConvProblem
 
     tdev = "cuda" if device.startswith("gpu") else "cpu"
     ws = netrun.Workspace(device)
-    algos.configure(ws, mode=mode, persist=True)
+    algos.configure(ws, mode=mode, persist=True, tf32=tf32)
     backend, xp = ws.backend, ws.backend.xp
     sync = {"netrun": backend.synchronize,
             "torch": torch.cuda.synchronize if tdev == "cuda" else (lambda: None)}
@@ -264,7 +275,7 @@ def _choose(ws, p, direction: str, args, out):
 
 
 # Report ---------------------------------------------------------------------------------------
-def print_table(rows: list[dict], device_name: str, mode: str) -> None:
+def print_table(rows: list[dict], device_name: str, mode: str, tf32: bool = False) -> None:
     print(f"{'what':32s} {'netrun ms':>10s} {'torch ms':>10s} {'ratio':>6s} {'netrun/s':>10s} "
           f"{'torch/s':>10s}  notes")
     for r in rows:
@@ -273,12 +284,14 @@ def print_table(rows: list[dict], device_name: str, mode: str) -> None:
             note = r["algo"]
         else:
             rate = f"{r['netrun_per_s']:10.0f} {r['torch_per_s']:10.0f}"
-            note = (f"first run {r['first_run_ms']:.0f} ms; peak MiB netrun "
+            note = (f"host {r['host_ms']:.1f} ms; first run {r['first_run_ms']:.0f} ms; "
+                    f"peak MiB netrun "
                     f"{r['netrun_peak_mb']:.0f} torch {r['torch_peak_mb']:.0f}; "
                     + ",".join(r["algos"]))
         print(f"{r['what']:32s} {r['netrun']:10.3f} {r['torch']:10.3f} {r['ratio']:6.2f} "
               f"{rate}  {note}")
-    print(f"device: {device_name}; algorithm mode {mode}; ratio = netrun / PyTorch time")
+    print(f"device: {device_name}; algorithm mode {mode}; ratio = netrun / PyTorch time; "
+          f"{'TF32' if tf32 else 'float32'} convolutions in both")
 
 
 def main(argv=None) -> int:
@@ -290,6 +303,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="lenet,cifar,resnet20,resnet50,convs",
                         help="comma-separated subset of lenet, cifar, resnet20, resnet50, convs")
     parser.add_argument("--device", default="gpu", help="gpu, gpu:N, or cpu (a smoke test)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="let both libraries' cuDNN convolutions use TF32 tensor cores")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -311,6 +326,8 @@ def main(argv=None) -> int:
         return 2
     if args.device.startswith("gpu"):
         torch.cuda.set_device(backend.index)
+        torch.backends.cudnn.allow_tf32 = args.tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
     reps = 3 if args.quick else 15
     only = set(args.only.split(","))
     rows: list[dict] = []
@@ -319,14 +336,15 @@ def main(argv=None) -> int:
             if key in only:
                 for name in ONLY[key]:
                     rows += bench_net(torch, name, args.device, reps, args.algo_mode,
-                                      Path(folder))
+                                      Path(folder), args.tf32)
     if "convs" in only:
-        rows += bench_convs(torch, args.device, max(3, reps // 3), args.algo_mode)
+        rows += bench_convs(torch, args.device, max(3, reps // 3), args.algo_mode, args.tf32)
     if args.json:
         print(json.dumps({"device": backend.device_name, "algo_mode": args.algo_mode,
+                          "tf32": args.tf32,
                           "rows": rows}, indent=2))
         return 0
-    print_table(rows, backend.device_name, args.algo_mode)
+    print_table(rows, backend.device_name, args.algo_mode, args.tf32)
     return 0
 
 
