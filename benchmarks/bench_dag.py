@@ -30,6 +30,8 @@ CASES = {
     "resnet20-infer-b1": ("zoo/resnet20.yaml", 1, "infer"),
     "resnet50-infer-b1": ("zoo/resnet50.yaml", 1, "infer"),
     "resnet50-train-b2": ("zoo/resnet50.yaml", 2, "train"),
+    "googlenet-infer-b1": ("zoo/googlenet.yaml", 1, "infer"),
+    "googlenet-infer-b8": ("zoo/googlenet.yaml", 8, "infer"),
     "lenet-train": ("zoo/lenet.yaml", 64, "train"),
     "lenet-infer-b1": ("zoo/lenet.yaml", 1, "infer"),
     "alexnet-infer-b1": ("caffe:bvlc_alexnet/deploy.prototxt", 1, "infer"),
