@@ -7,14 +7,14 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import netrun
 from netrun.core.dag import DagNet, blob_edges
 from netrun.core.net import SimpleNet
 from netrun.errors import NetrunError, ShapeError
-from tests.test_planner import random_nets
+from tests.test_planner import random_nets, with_backward_pass
 
 op = netrun.op
 
@@ -103,19 +103,7 @@ def test_random_nets_give_the_same_bits_in_any_order_the_graph_allows(net, seed)
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_nets(), st.integers(0, 2**31))
 def test_random_nets_with_their_backward_pass_in_any_order(net, seed):
-    from netrun.core.gradient import add_gradient_ops
-
-    last = net.ops[-1].outputs[0]
-    train_net = netrun.NetDef("g", [*net.ops, op("Mul", [last, "w"], ["m"]),
-                                    op("AveragedLoss", ["m"], ["loss"])])
-    try:
-        grads = add_gradient_ops(train_net, ["loss"])
-    except NetrunError:
-        assume(False)
-    names = sorted({grads[b] for b in ("x", "w") if b in grads} | {"loss"})
-    rng = np.random.default_rng(4)
-    feeds = {"x": rng.standard_normal((8, 32)).astype(np.float32),
-             "w": rng.standard_normal((8, 32)).astype(np.float32)}
+    train_net, names, feeds = with_backward_pass(net)
     _same_under_any_order(train_net, feeds, names, seed)
 
 

@@ -295,11 +295,9 @@ def test_writing_a_view_in_place_leaves_its_source_alone():
         assert got.fetch_blob(name).tobytes() == want.fetch_blob(name).tobytes()
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_nets())
-def test_random_nets_with_their_backward_pass_give_the_same_gradients(net):
-    """The same nets with a loss and the gradient builder's backward pass: gradients of
-    branches summed, gradient ops run in place, activations read by them kept alive."""
+def with_backward_pass(net):
+    """(net "g" with a loss and its backward pass, the names to compare, the feeds) for a
+    random net; hypothesis skips nets whose backward pass cannot be built."""
     from hypothesis import assume
 
     from netrun.core.gradient import add_gradient_ops
@@ -312,13 +310,22 @@ def test_random_nets_with_their_backward_pass_give_the_same_gradients(net):
         grads = add_gradient_ops(train_net, ["loss"])
     except NetrunError:
         assume(False)
-    want_names = sorted({grads[b] for b in ("x", "w") if b in grads} | {"loss"})
+    names = sorted({grads[b] for b in ("x", "w") if b in grads} | {"loss"})
     rng = np.random.default_rng(4)
-    x = rng.standard_normal((8, 32)).astype(np.float32)
-    w = rng.standard_normal((8, 32)).astype(np.float32)
+    feeds = {"x": rng.standard_normal((8, 32)).astype(np.float32),
+             "w": rng.standard_normal((8, 32)).astype(np.float32)}
+    return train_net, names, feeds
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_nets())
+def test_random_nets_with_their_backward_pass_give_the_same_gradients(net):
+    """The same nets with a loss and the gradient builder's backward pass: gradients of
+    branches summed, gradient ops run in place, activations read by them kept alive."""
+    train_net, want_names, feeds = with_backward_pass(net)
     results = []
     for plan in (True, False):
-        ws = _ws(plan=plan, x=x, w=w)
+        ws = _ws(plan=plan, **feeds)
         ws.create_net(train_net, keep=want_names)
         ws.run_net("g", 2)
         results.append({n: ws.fetch_blob(n).tobytes() for n in want_names})

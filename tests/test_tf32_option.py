@@ -2,6 +2,7 @@
 profile, and the workspace setting they set (cuDNN's tensor-core engines become candidates)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -28,11 +29,17 @@ def test_tf32_config_key(tmp_path):
 
 
 def test_the_option_sets_the_workspace_setting_and_nothing_else():
+    from netrun.conv import configure
+
     ws = netrun.Workspace("cpu")
     configure_algos(ws, None, None, None)
     assert ws.conv.settings.tf32 is False
+    configure(ws, mode="deterministic", workspace_limit=1 << 20)
     configure_algos(ws, None, None, True)
-    assert ws.conv.settings.tf32 is True and ws.conv.settings.mode == "heuristic"
+    settings = ws.conv.settings
+    assert settings.tf32 is True
+    # the options not given keep what the workspace had
+    assert settings.mode == "deterministic" and settings.workspace_limit == 1 << 20
 
 
 def test_profile_takes_tf32_and_cpu_convolutions_are_unchanged():
@@ -40,8 +47,6 @@ def test_profile_takes_tf32_and_cpu_convolutions_are_unchanged():
     plain = CliRunner().invoke(cli, args, prog_name="netrun")
     tf32 = CliRunner().invoke(cli, args + ["--tf32"], prog_name="netrun")
     assert plain.exit_code == 0 and tf32.exit_code == 0, tf32.output
-    import json
-
     algos = [{o["name"]: o["algo"] for o in json.loads(r.stdout)["ops"] if o["algo"]}
              for r in (plain, tf32)]
     assert algos[0] == algos[1] and algos[0]   # no CPU algorithm is reduced-precision

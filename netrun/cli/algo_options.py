@@ -28,6 +28,7 @@ def configure_algos(ws, mode: str | None, workspace_limit: str | None,
         return
     from netrun.conv import configure, parse_bytes  # lazy: loaded when the command runs
 
-    configure(ws, mode=mode or "heuristic",
-              workspace_limit=parse_bytes(workspace_limit) if workspace_limit else None,
+    # An option not given keeps the workspace's setting (the default 1 GiB scratch limit too).
+    configure(ws, mode=mode,
+              workspace_limit=parse_bytes(workspace_limit) if workspace_limit else "keep",
               tf32=tf32 or None)

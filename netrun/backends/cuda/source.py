@@ -45,10 +45,9 @@ _BY_DTYPE: dict[Any, str] = {np.dtype(n): c for n, c in _CTYPES.items()}
 
 def ctype(dtype: Any) -> str:
     """The C type of a NumPy dtype ('float32' -> 'float'); ValueError for others."""
-    try:
-        return _BY_DTYPE[dtype]
-    except (KeyError, TypeError):
-        pass
+    found = _BY_DTYPE.get(dtype)
+    if found is not None:
+        return found
     name = np.dtype(dtype).name
     if name not in _CTYPES:
         raise ValueError(f"no GPU kernel instance for dtype {name}")
@@ -103,28 +102,20 @@ class KernelSource:
 
     def function(self, xp: Any, kernel: str, *types: Any) -> Any:
         """The compiled kernel `kernel<types...>` (dtypes or C type names) on the current device."""
-        # Looked up before any string is built: kernels ask on every launch.
-        fast = (id(xp), device_id(xp), kernel) + types
-        try:
-            return self._functions[fast]
-        except (KeyError, TypeError):
-            pass
-        expr = f"{kernel}<{', '.join(_c_name(t) for t in types)}>" if types else kernel
-        key = (id(xp), device_id(xp))
-        fn = self._functions.get(key + (expr,))
+        # Keyed by the arguments as given, so a launch builds no string: kernels ask every time.
+        device = device_id(xp)
+        key = (id(xp), device, kernel) + types
+        fn = self._functions.get(key)
         if fn is None:
+            expr = f"{kernel}<{', '.join(_c_name(t) for t in types)}>" if types else kernel
             if expr not in self.names:
                 raise ValueError(f"kernel {expr} is not instantiated in {self.name} "
                                  f"(instances: {', '.join(self.names)})")
-            module = self._modules.get(key)
+            module = self._modules.get((id(xp), device))
             if module is None:
-                module = self._modules[key] = xp.RawModule(
+                module = self._modules[(id(xp), device)] = xp.RawModule(
                     code=self.full_code, options=self.options, name_expressions=self.names)
-            fn = self._functions[key + (expr,)] = module.get_function(expr)
-        try:
-            self._functions[fast] = fn
-        except TypeError:   # an unhashable type argument: found by its expression next time
-            pass
+            fn = self._functions[key] = module.get_function(expr)
         return fn
 
 

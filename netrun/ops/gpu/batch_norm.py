@@ -80,7 +80,7 @@ __global__ void bn_finish_moments(const T* partial, const T* scale, const T* run
                                   T one_minus_momentum, T unbias) {
   KERNEL_LOOP(ch, c) {
     T mu = (T)0, m2 = (T)0, n = (T)0;
-    for (int lane = 0; lane < parts && lane < m_total; ++lane) {
+    for (int lane = 0; lane < parts; ++lane) {   // parts ≤ m_total: no lane is empty
       long long slot = ((long long)ch * parts + lane) * 2;
       T nb = (T)((m_total - lane + parts - 1) / parts);
       T total = n + nb;
@@ -275,7 +275,7 @@ def _forward(ctx, X, scale, bias, running_mean, running_var, relu: int) -> None:
     launch(SOURCE.function(xp, "bn_finish_moments", t), c,
            (partial, scale, running_mean, running_var, new_mean, new_var, saved_mean,
             saved_inv_std, k, i32(c), i32(parts), i64(m), real(t, a.epsilon),
-            real(t, a.momentum), real(t, 1.0 - a.momentum), real(t, m / max(m - 1, 1))))
+            real(t, a.momentum), real(t, 1.0 - a.momentum), real(t, m / (m - 1))))
     launch(SOURCE.function(xp, "bn_normalize", t), X.size,
            (x, saved_mean, k, bias, Y, n) + dims + (i32(relu),))
 
