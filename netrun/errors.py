@@ -63,6 +63,10 @@ class ConfigError(NetrunError):
     """A training or model config with a missing, unknown or ill-typed key."""
 
 
+class DataError(NetrunError):
+    """A dataset that cannot be read: a missing or damaged image, database or list file."""
+
+
 class MemoryLimitError(NetrunError):
     """Tensors a net would allocate that do not fit the memory budget (netrun.core.budget)."""
 

@@ -31,6 +31,7 @@ COMMANDS = {
     "infer": "netrun.cli.infer_cmd:infer",
     "profile": "netrun.cli.profile_cmd:profile",
     "algos": "netrun.cli.algos_cmd:algos",
+    "data": "netrun.cli.data_cmd:data",
 }
 
 
