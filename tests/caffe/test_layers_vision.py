@@ -93,6 +93,27 @@ def test_global_pooling_and_floor_round_mode(tmp_path):
     np.testing.assert_allclose(f, x[:, :, :4, :6].reshape(2, 3, 2, 2, 3, 2).max(axis=(3, 5)))
 
 
+@requires_torch
+@pytest.mark.parametrize("field, ceil", [("ceil_mode: false", False), ("ceil_mode: true", True),
+                                         ("round_mode: FLOOR", False), ("", True)])
+def test_pooling_rounding_fields_of_forks_are_honoured(tmp_path, field, ceil):
+    """`ceil_mode` (Caffe forks) and `round_mode` (BVLC) pick the output size; 7 -> 3 or 4."""
+    x = np.random.default_rng(4).standard_normal((1, 2, 7, 7)).astype(np.float32)
+    layer = f"""layer {{ name: "p" type: "Pooling" bottom: "x" top: "y"
+      pooling_param {{ pool: MAX kernel_size: 3 stride: 2 pad: 0 {field} }} }}"""
+    (y,) = run_layers(tmp_path, layer, {"x": x}, ["y"])
+    want = F.max_pool2d(_t(x), 3, 2, 0, ceil_mode=ceil).numpy()
+    assert y.shape == want.shape
+    np.testing.assert_allclose(y, want)
+
+
+def test_pooling_rounding_fields_that_disagree_are_refused(tmp_path):
+    layer = """layer { name: "p" type: "Pooling" bottom: "x" top: "y"
+      pooling_param { pool: MAX kernel_size: 3 stride: 2 ceil_mode: false round_mode: CEIL } }"""
+    with pytest.raises(ParseError, match="round_mode and ceil_mode disagree"):
+        run_layers(tmp_path, layer, {"x": np.zeros((1, 1, 7, 7), np.float32)}, ["y"])
+
+
 def test_pooling_with_an_empty_last_window_is_refused(tmp_path):
     """Stride > kernel without padding: Caffe keeps a window past the image, netrun does not."""
     layer = """layer { name: "p" type: "Pooling" bottom: "x" top: "y"

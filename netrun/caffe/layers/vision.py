@@ -96,6 +96,18 @@ def caffe_pool_size(size: int, k: int, s: int, p: int, ceil: bool) -> int:
     return out
 
 
+def _ceil_mode(t: LayerContext, p) -> bool:
+    """Caffe's output rounding: BVLC's `round_mode: CEIL|FLOOR`, or the `ceil_mode: true|false`
+    that forks (and the files written for them) use instead; CEIL when neither is given."""
+    by_round = p.enum("round_mode", "CEIL", ("CEIL", "FLOOR")) == "CEIL"
+    if not p.has("ceil_mode"):
+        return by_round
+    by_flag = bool(p.get("ceil_mode", True, "bool"))
+    if p.has("round_mode") and by_flag != by_round:
+        raise t.skip("round_mode and ceil_mode disagree; give one of them", "pooling_param")
+    return by_flag
+
+
 @layer("Pooling")
 def pooling(t: LayerContext) -> None:
     """MaxPool / AveragePool with Caffe's ceil-mode output size (legacy_pad)."""
@@ -103,7 +115,7 @@ def pooling(t: LayerContext) -> None:
     p = t.f.sub("pooling_param")
     p.ignore("engine")
     kind = p.enum("pool", "MAX", ("MAX", "AVE"))
-    ceil = p.enum("round_mode", "CEIL", ("CEIL", "FLOOR")) == "CEIL"
+    ceil = _ceil_mode(t, p)
     n, c, h, w = _image(t)
     op_type = "MaxPool" if kind == "MAX" else "AveragePool"
     if p.get("global_pooling", False):
