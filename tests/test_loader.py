@@ -96,8 +96,8 @@ def test_transform_mean_file_and_errors(tmp_path):
         Transform(crop_size=9).output_shape((1, 4, 4))
     with pytest.raises(ShapeError, match="mean has 2 values; give 1 or one per channel"):
         Transform(mean=[1, 2]).output_shape((3, 4, 4))
-    with pytest.raises(ConfigError, match="not a .npy file"):
-        make_transform({"mean": "mean.binaryproto"}, tmp_path)
+    with pytest.raises(ConfigError, match="neither a .npy file nor a Caffe .binaryproto"):
+        make_transform({"mean_file": "m.txt"}, tmp_path)
 
 
 # ---------------------------------------------------------------------------- the loader

@@ -1,7 +1,10 @@
 """Caffe data layers -> the trainer's `data:` config.
 
-netrun does not read LMDB/LevelDB. A Data layer's source is mapped to a netrun data source:
-the one `data_override` names (`{"source": "mnist", "split": "mnist-10k"}`, from
+A Data layer whose database folder is there (looked for as Caffe's example paths are, see
+paths.py) reads it through netrun's `db` source, LMDB or LevelDB as its files say (Caffe's
+`backend` field is not trusted: it defaults to LEVELDB while convert_imageset writes LMDB);
+an ImageData layer whose list file is there reads it through `imagedata`. Otherwise the
+source is the one `data_override` names (`{"source": "mnist", "split": "mnist-10k"}`, from
 `--data mnist-10k`), else one guessed from the source path ("mnist" -> mnist). Batch sizes
 come from the TRAIN and TEST layers, the transform from transform_param (a .binaryproto mean
 file is decoded here). HDF5Data sources are HDF5 file lists, which netrun reads as they are.
@@ -11,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from netrun.caffe.layers.data import DataLayer
+from netrun.caffe.layers.data import DataLayer, find_folder, image_root
 from netrun.caffe.paths import candidates, find_file
 from netrun.caffe.wire import read_blobproto
 from netrun.errors import ConfigError
@@ -72,6 +75,9 @@ def _guess_source(train: DataLayer, test: DataLayer | None, base: Path) -> dict[
                                   f"{_tried(layer.source or '', base)}")
             out[part] = str(found)
         return out
+    own = _own_data(train, test, base)
+    if own is not None:
+        return own
     source = (train.source or "").lower()
     for key, name in GUESSES:
         if key in source:
@@ -84,6 +90,49 @@ def _guess_source(train: DataLayer, test: DataLayer | None, base: Path) -> dict[
                       f"'{train.source}', which netrun cannot read (LMDB/LevelDB/image "
                       f"lists); choose a netrun data source with --data SOURCE[:SPLIT], "
                       f"e.g. --data mnist-10k")
+
+
+def _own_data(train: DataLayer, test: DataLayer | None, base: Path) -> dict[str, Any] | None:
+    """The `db` or `imagedata` config for the database or image list the layers read, when
+    the TRAIN layer's is there; None when it is not (a guess is made instead)."""
+    if train.type not in ("Data", "ImageData") or not train.source:
+        return None
+    find = find_folder if train.type == "Data" else find_file
+    found = find(train.source, base)
+    if found is None:
+        return None
+    what = "database folder" if train.type == "Data" else "image list"
+    out: dict[str, Any] = {"source": "db" if train.type == "Data" else "imagedata",
+                           "train": str(found)}
+    other = found if test is None else find(test.source, base) if test.source else None
+    if other is None:
+        raise ConfigError(f"{test.where}: {test.type} layer '{test.name}' reads the {what} "
+                          f"'{test.source}', which is not at {_tried(test.source or '', base)} "
+                          f"(the TRAIN layer's is at {found})")
+    out["test"] = str(other)
+    if train.type == "Data":
+        if train.params.get("color"):
+            out["color"] = True
+        return out
+    return {**out, **_image_list_options(train, test, base)}
+
+
+def _image_list_options(train: DataLayer, test: DataLayer | None, base: Path) -> dict:
+    """ImageData's options as `imagedata` keys (one setting for both parts)."""
+    p = train.params
+    if test is not None:
+        differ = [k for k in ("root_folder", "new_height", "new_width", "is_color")
+                  if test.params.get(k) != p.get(k)]
+        if differ:
+            raise ConfigError(f"{test.where}: the TRAIN and TEST ImageData layers differ in "
+                              f"{', '.join(differ)}; netrun reads both parts with one setting")
+    out: dict[str, Any] = {"is_color": bool(p.get("is_color", True)),
+                           "shuffle": bool(p.get("shuffle", False))}
+    if p.get("root_folder"):
+        out["root_folder"] = str(image_root(p["root_folder"], base))
+    if p.get("new_height") and p.get("new_width"):
+        out["new_height"], out["new_width"] = int(p["new_height"]), int(p["new_width"])
+    return out
 
 
 def _transform(layer: DataLayer, base: Path) -> dict[str, Any]:

@@ -369,6 +369,12 @@ _DATA_RULES: dict[str, tuple[str, Any, str]] = {
     "download": ("bool", None, ""),
     "cache": ("bool", None, ""),
     "lazy": ("bool", None, ""),
+    "shuffle": ("bool", None, ""),
+    "workers": ("int", _range(0), "0: read in the training process"),
+    "color": ("bool", None, ""),
+    "is_color": ("bool", None, ""),
+    "new_height": ("int", _range(0), ""),
+    "new_width": ("int", _range(0), ""),
 }
 _TRANSFORM_RULES: dict[str, tuple[str, Any, str]] = {
     "scale": ("float", None, ""),

@@ -36,7 +36,13 @@ from netrun.proto.pbtxt import netdef_to_text
 from netrun.rewrite import Rewritten, rewrite, with_train_net
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import TrainConfig
-from netrun.train.data import BatchLoader, iterate_once, make_source, make_transform
+from netrun.train.data import (
+    BatchLoader,
+    data_workers,
+    iterate_once,
+    make_source,
+    make_transform,
+)
 from netrun.train.resume_check import check_resume
 from netrun.train.solver import LR, TrainingNets, build_training
 from netrun.version import __version__
@@ -131,9 +137,11 @@ class Trainer:
         self.source = make_source(data, self.data_dir, config_dir=config_dir)
         self.data_name = self.model.data_inputs[0]
         self.label_name = self.model.labels[0] if self.model.labels else None
-        self.loader = BatchLoader(tuple(self.source.train), self.batch_size, shuffle=True,
+        train = tuple(self.source.train)
+        self.loader = BatchLoader(train, self.batch_size,
+                                  shuffle=bool(data.get("shuffle", self.source.shuffle)),
                                   seed=cfg.solver.seed, transform=self.transform,
-                                  reuse_buffers=True)
+                                  reuse_buffers=True, workers=data_workers(data, train[0]))
         self.iteration = 0
         self._started = False
 

@@ -1,16 +1,24 @@
 """Inputs and data layers: Input and DummyData, and Data, ImageData and HDF5Data, which become
 data inputs of the model plus a DataLayer record (source, batch size, transform_param) that
-netrun.caffe.data maps to a netrun data source for training."""
+netrun.caffe.data maps to a netrun data source for training.
+
+When a Data layer's database or an ImageData layer's list file is there (looked for as Caffe's
+example paths are, see paths.py), the example shape comes from its first record or image."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from netrun.caffe.context import LayerContext
 from netrun.caffe.fields import Fields
 from netrun.caffe.fillers import filler_op
 from netrun.caffe.layers.registry import layer
-from netrun.caffe.paths import find_file
+from netrun.caffe.paths import candidates, find_file
+from netrun.errors import NetrunError
+from netrun.train.data.image_lists import read_list_file
+from netrun.train.data.image_sources import first_example
+from netrun.train.data.images import read_image
 
 
 @dataclass
@@ -27,6 +35,7 @@ class DataLayer:
     transform: dict = field(default_factory=dict)
     shape: tuple[int, ...] | None = None          # per example
     where: str = ""                               # file:line of the layer
+    params: dict = field(default_factory=dict)    # ImageData's list options; Data's color
 
 
 # Per-example shapes of the datasets Caffe's examples train on, recognised in source paths.
@@ -89,16 +98,35 @@ def _transform(t: LayerContext) -> dict:
     return out
 
 
+def find_folder(path: str, base: Path) -> Path | None:
+    """The first existing folder among candidates(path, base): a database is a folder."""
+    return next((c for c in candidates(path, base) if c.is_dir()), None)
+
+
+def _model_dir(t: LayerContext) -> Path:
+    return Path(t.net.model.file).parent if t.net.model.file else Path.cwd()
+
+
 def _example_shape(t: LayerContext, source: str | None, transform: dict,
-                   channels: int | None = None, size: tuple[int, int] | None = None
+                   channels: int | None = None, size: tuple[int, int] | None = None,
+                   stored: Callable[[], tuple[int, ...] | None] | None = None
                    ) -> tuple[int, ...]:
-    """Per-example shape of top 0: given as input_shapes, else from the dataset the source
-    names, image sizes and crop_size."""
+    """Per-example shape of top 0: given as input_shapes, else that of the data the source
+    holds (`stored`, when it is there), else from the dataset the source names, image sizes
+    and crop_size."""
     given = t.net.model.input_shapes.get(t.caffe_tops[0])
     if given:
         return given
+    found = None
+    if stored is not None:
+        try:
+            found = stored()
+        except NetrunError as e:
+            raise t.skip(f"cannot read the first example of source '{source}': {e}") from None
     guess = next((s for key, s in KNOWN_SHAPES if key in (source or "").lower()), None)
-    if guess:
+    if found:
+        channels, size = found[0], size or found[1:]
+    elif guess:
         channels, size = channels or guess[0], size or guess[1:]
     crop = transform.get("crop_size", 0)
     if crop and channels:
@@ -110,38 +138,63 @@ def _example_shape(t: LayerContext, source: str | None, transform: dict,
 
 
 def _declare(t: LayerContext, source: str | None, batch: int | None, transform: dict,
-             shapes: list[tuple[int, ...]]) -> None:
+             shapes: list[tuple[int, ...]], params: dict | None = None) -> None:
     if not batch or batch < 1:
         raise t.skip("needs batch_size >= 1")
     for i, shape in enumerate(shapes):
         t.input(i, (batch, *shape))
     where = t.net.model.problems.where(t.f.start)
     t.net.model.data_layers.append(DataLayer(t.name, t.type, t.phase, list(t.caffe_tops),
-                                             source, batch, transform, shapes[0], where))
+                                             source, batch, transform, shapes[0], where,
+                                             dict(params or {})))
 
 
 @layer("Data")
 def data(t: LayerContext) -> None:
-    """LMDB/LevelDB data (not read by netrun: the trainer maps it to a data source)."""
+    """LMDB/LevelDB data: mapped to netrun's `db` source when the database is there (the
+    backend is told from its files, never from the `backend` field), else to a guess."""
     t.counts(0, (1, 2))
     p = t.f.sub("data_param")
     p.ignore("backend", "prefetch", "rand_skip")
     source, transform = p.get("source", None, "str"), _transform(t)
-    shape = _example_shape(t, source, transform)
-    _declare(t, source, p.get("batch_size", None, "int"), transform, [shape, ()][:t.ntop])
+    params = {"color": True} if p.get("force_encoded_color", False) else {}
+    folder = find_folder(source, _model_dir(t)) if source else None
+    stored = (lambda: first_example(folder, params.get("color")).shape) if folder else None
+    shape = _example_shape(t, source, transform, stored=stored)
+    _declare(t, source, p.get("batch_size", None, "int"), transform, [shape, ()][:t.ntop],
+             params)
 
 
 @layer("ImageData")
 def image_data(t: LayerContext) -> None:
-    """A list of image files with labels (mapped to a data source, like Data)."""
+    """A list of image files with labels: mapped to netrun's `imagedata` source."""
     t.counts(0, (1, 2))
     p = t.f.sub("image_data_param")
-    p.ignore("shuffle", "root_folder", "rand_skip")
+    p.ignore("rand_skip")
     source, transform = p.get("source", None, "str"), _transform(t)
     h, w = p.get("new_height", 0), p.get("new_width", 0)
-    channels = 3 if p.get("is_color", True) else 1
-    shape = _example_shape(t, source, transform, channels, (h, w) if h and w else None)
-    _declare(t, source, p.get("batch_size", None, "int"), transform, [shape, ()][:t.ntop])
+    color = p.get("is_color", True)
+    params = {"root_folder": p.get("root_folder", "", "str"), "new_height": h,
+              "new_width": w, "is_color": color, "shuffle": p.get("shuffle", False)}
+    listing = find_file(source, _model_dir(t)) if source and not (h and w) else None
+    root = params["root_folder"]
+    stored = (lambda: _first_listed(listing, image_root(root, _model_dir(t)) if root else "",
+                                    color).shape) if listing else None
+    shape = _example_shape(t, source, transform, 3 if color else 1, (h, w) if h and w else None,
+                           stored)
+    _declare(t, source, p.get("batch_size", None, "int"), transform, [shape, ()][:t.ntop],
+             params)
+
+
+def _first_listed(listing: Path, root: Path | str, color: bool):
+    """The first image of an ImageData list file."""
+    return read_image(read_list_file(listing, root)[0][0], color)
+
+
+def image_root(root: str, base: Path) -> Path:
+    """ImageData's root_folder: the first existing folder among its candidates, else as
+    given relative to `base`."""
+    return find_folder(root, base) or base / root
 
 
 @layer("HDF5Data")

@@ -12,20 +12,31 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from netrun.errors import ConfigError, suggest
-from netrun.train.data import cifar, generated, hdf5, mnist, npz  # noqa: F401  (fill SOURCES)
+from netrun.train.data import (  # noqa: F401  (fill SOURCES)
+    cifar,
+    generated,
+    hdf5,
+    image_sources,
+    mnist,
+    npz,
+)
 from netrun.train.data.base import SOURCES, Arrays, DataSource, SourceRequest, register_source
 from netrun.train.data.loader import BatchLoader, iterate_once
 from netrun.train.data.paths import expand_path, resolve_data_dir
 from netrun.train.data.transforms import Transform, make_transform
 
 
-# Keys of a `data:` section that every source takes (the trainer reads the batch sizes and the
-# transform, `dir` picks the folder), and those each source's factory reads besides.
-COMMON_KEYS = ("source", "dir", "batch_size", "test_batch_size", "transform")
+# Keys of a `data:` section that every source takes (the trainer reads the batch sizes, the
+# transform, `shuffle` and `workers`; `dir` picks the folder), and those each source's
+# factory reads besides.
+COMMON_KEYS = ("source", "dir", "batch_size", "test_batch_size", "transform", "shuffle",
+               "workers")
 _MNIST = ("split", "download")
 _FILES = ("train", "test", "data_key", "label_key", "label_dtype", "num_classes")
+_DATABASE = ("train", "test", "color", "num_classes")
 SOURCE_KEYS: dict[str, tuple[str, ...]] = {
     "mnist": _MNIST, "fashion-mnist": _MNIST, "mnist-10k": _MNIST,
     "cifar10": ("download",), "cifar-10": ("download",),
@@ -33,6 +44,10 @@ SOURCE_KEYS: dict[str, tuple[str, ...]] = {
     "hdf5": (*_FILES, "lazy"), "h5": (*_FILES, "lazy"),
     "generated": ("seed", "train_count", "test_count", "cache"),
     "digits": ("seed", "train_count", "test_count", "cache"),
+    "lmdb": _DATABASE, "leveldb": _DATABASE, "db": _DATABASE,
+    "imagedata": ("train", "test", "root_folder", "new_height", "new_width", "is_color",
+                  "num_classes"),
+    "folder": ("train", "test", "resize", "color"),
 }
 
 
@@ -88,6 +103,14 @@ def make_source(cfg: dict | str, data_dir: str | os.PathLike | None = None, *,
     return SOURCES[key](request)
 
 
-__all__ = ["make_source", "parse_spec", "make_transform", "Transform", "BatchLoader",
+def data_workers(cfg: dict, data: Any) -> int:
+    """Worker processes for the training batches: `workers:` when given, else 1 for data that
+    decodes files when indexed (images, databases) and 0 (a prefetch thread) for arrays."""
+    if cfg.get("workers") is not None:
+        return int(cfg["workers"])
+    return 1 if getattr(data, "decodes", False) else 0
+
+
+__all__ = ["data_workers", "make_source", "parse_spec", "make_transform", "Transform", "BatchLoader",
            "iterate_once", "Arrays", "DataSource", "SourceRequest", "register_source",
            "SOURCES", "expand_path", "resolve_data_dir", "data_keys", "COMMON_KEYS", "SOURCE_KEYS"]

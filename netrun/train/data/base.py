@@ -27,6 +27,9 @@ class DataSource:
 
     name: str = "source"
     parts: tuple[str, ...] = ("train", "test")
+    # Whether training visits the examples in a new random order every epoch (Caffe's
+    # database and list-file layers read in file order, so their sources say False).
+    shuffle: bool = True
     input_shape: tuple[int, ...] = ()
     num_classes: int = 0
 

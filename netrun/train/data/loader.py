@@ -18,6 +18,7 @@ import numpy as np
 
 from netrun.errors import NetrunError
 from netrun.train.data.transforms import Transform
+from netrun.train.data.workers import SlotLayout, WorkerPool
 
 Position = tuple[int, int]                 # (epoch, index of the next example in that epoch)
 Batch = tuple[np.ndarray, ...]
@@ -58,10 +59,34 @@ class _Sampler:
                 epoch, index = epoch + 1, 0
         return np.concatenate(parts) if len(parts) > 1 else parts[0], (epoch, index)
 
-    def batch(self, pos: Position) -> tuple[Batch, Position]:
+    def __getstate__(self) -> dict:
+        # Worker processes get the recipe, not this process's caches and buffers.
+        state = dict(self.__dict__)
+        state.update(_orders={}, _buffers={}, _ring=0, _slot=0)
+        return state
+
+    def after(self, pos: Position) -> Position:
+        """The position of the batch that follows the one at `pos`."""
+        return self.indices(pos)[1]
+
+    def layout(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """Shape and dtype of each array of a batch (data first, float32)."""
+        shape = (self.batch_size, *self.arrays[0].shape[1:])
+        if self.transform is not None:
+            shape = (self.batch_size, *self.transform.output_shape(shape[1:]))
+        return [(shape, np.dtype(np.float32))] + [
+            ((self.batch_size, *np.shape(a)[1:]), np.asarray(a[:1]).dtype)
+            for a in self.arrays[1:]]
+
+    def fill(self, pos: Position, out: list[np.ndarray]) -> None:
+        """Write the batch at `pos` into `out` (a worker's shared-memory slot)."""
+        self.batch(pos, out)
+
+    def batch(self, pos: Position, out: list[np.ndarray] | None = None
+              ) -> tuple[Batch, Position]:
         """The ready batch at `pos` (float32 data first) and the position after it."""
         idx, after = self.indices(pos)
-        out = self._outputs()
+        out = out if out is not None else self._outputs()
         data = self.arrays[0][idx]
         if self.transform is not None and not self.transform.identity:
             # Crops and flips come from a generator keyed by the batch's own position.
@@ -87,12 +112,7 @@ class _Sampler:
             return None
         slot, self._slot = self._slot, (self._slot + 1) % self._ring
         if slot not in self._buffers:
-            shape = (self.batch_size, *self.arrays[0].shape[1:])
-            if self.transform is not None:
-                shape = (self.batch_size, *self.transform.output_shape(shape[1:]))
-            self._buffers[slot] = [np.empty(shape, np.float32)] + [
-                np.empty((self.batch_size, *np.shape(a)[1:]), np.asarray(a[:1]).dtype)
-                for a in self.arrays[1:]]
+            self._buffers[slot] = [np.empty(shape, dtype) for shape, dtype in self.layout()]
         return self._buffers[slot]
 
 
@@ -155,10 +175,11 @@ class _Prefetcher:
 
 
 class _Holder:
-    """The loader's current prefetcher, closed by a finalizer if the loader is dropped."""
+    """The loader's current prefetcher (a thread or worker processes), closed by a finalizer
+    if the loader is dropped."""
 
     def __init__(self) -> None:
-        self.prefetcher: _Prefetcher | None = None
+        self.prefetcher: _Prefetcher | WorkerPool | None = None
 
     def close(self) -> None:
         if self.prefetcher is not None:
@@ -172,13 +193,16 @@ class BatchLoader:
     `arrays`: a sequence of arrays with the same first dimension (e.g. a source part); the
     first is the data (transformed, float32), the others are passed through (labels).
     With `reuse_buffers`, batches are written into a ring of preallocated buffers: a batch
-    stays valid until the next call of `next()`.
+    stays valid until the next call of `next()`. With `workers` > 0, batches are made by that
+    many spawned processes (netrun.train.data.workers) instead of a thread: the same batches,
+    for data whose decoding would hold the GIL (images); the arrays and the transform must
+    then be picklable, and lazy arrays must reopen their files in each process.
     """
 
     def __init__(self, arrays: Sequence[Any], batch_size: int, shuffle: bool = True,
                  seed: int = 0, transform: Transform | None = None, drop_last: bool = False,
                  prefetch: bool = True, train: bool = True, depth: int = 3,
-                 reuse_buffers: bool = False):
+                 reuse_buffers: bool = False, workers: int = 0):
         arrays = tuple(arrays)
         if not arrays or len(arrays[0]) == 0:
             raise NetrunError("BatchLoader: the dataset is empty")
@@ -193,8 +217,11 @@ class BatchLoader:
                               f"{len(arrays[0])} examples leaves no batch")
         if not 1 <= depth <= 16:
             raise NetrunError(f"BatchLoader: prefetch depth must be 1..16, got {depth}")
+        if not 0 <= int(workers) <= 64:
+            raise NetrunError(f"BatchLoader: workers must be 0..64, got {workers}")
         self.batch_size, self.shuffle, self.seed = int(batch_size), bool(shuffle), int(seed)
         self.prefetch, self.depth = bool(prefetch), int(depth)
+        self.workers = int(workers) if prefetch else 0
         # Ring size: the consumer's batch + `depth` queued + one being filled.
         ring = (depth + 2 if prefetch else 1) if reuse_buffers else 0
         self._sampler = _Sampler(arrays, self.batch_size, self.shuffle, self.seed, transform,
@@ -254,7 +281,7 @@ class BatchLoader:
         if not self.prefetch:
             return self._sampler.batch(self._pos)
         if self._holder.prefetcher is None:
-            self._holder.prefetcher = _Prefetcher(self._sampler.batch, self._pos, self.depth)
+            self._holder.prefetcher = self._start_prefetch()
         try:
             return self._holder.prefetcher.get()
         except BaseException:
@@ -263,8 +290,15 @@ class BatchLoader:
             self._holder.close()
             raise
 
+    def _start_prefetch(self) -> _Prefetcher | WorkerPool:
+        if not self.workers:
+            return _Prefetcher(self._sampler.batch, self._pos, self.depth)
+        sampler = self._sampler
+        return WorkerPool(sampler.fill, SlotLayout(sampler.layout()), sampler.after, self._pos,
+                          self.workers, self.depth + self.workers)
+
     def close(self) -> None:
-        """Stop the prefetch thread; the loader may be used again (it restarts)."""
+        """Stop the prefetch thread or workers; the loader may be used again (it restarts)."""
         self._holder.close()
 
     def __enter__(self) -> BatchLoader:

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from netrun.errors import ConfigError, NetrunError, ShapeError, suggest
+from netrun.proto.blobproto import read_blobproto
 from netrun.train.data.paths import expand_path
 
 KEYS = ("scale", "mean", "mean_value", "mean_file", "crop_size", "mirror")
@@ -154,16 +155,20 @@ def make_transform(cfg: dict | None, base: str | os.PathLike | None = None) -> T
 
 
 def load_mean(path: str | os.PathLike, base: Path) -> np.ndarray:
-    """A mean image from a `.npy` file: C x H x W, H x W, or 1 x C x H x W."""
+    """A mean image from a `.npy` file or a Caffe `.binaryproto` (a BlobProto):
+    C x H x W, H x W, or 1 x C x H x W."""
     path = Path(expand_path(str(path)))
     path = path if path.is_absolute() else base / path
-    if path.suffix != ".npy":
-        raise ConfigError(f"transform.mean: {path} is not a .npy file (convert a Caffe "
-                          f".binaryproto mean with numpy first)")
-    try:
-        mean = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise NetrunError(f"{path}: cannot read the mean image ({e})") from None
+    if path.suffix == ".binaryproto":
+        mean = read_blobproto(path)
+    elif path.suffix == ".npy":
+        try:
+            mean = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise NetrunError(f"{path}: cannot read the mean image ({e})") from None
+    else:
+        raise ConfigError(f"transform.mean: {path} is neither a .npy file nor a Caffe "
+                          f".binaryproto mean")
     if mean.ndim == 4 and mean.shape[0] == 1:
         mean = mean[0]
     if mean.ndim not in (2, 3):
