@@ -74,7 +74,9 @@ class Predictor:
     def from_model(cls, path: str | os.PathLike, weights: str | os.PathLike,
                    device: str = "cpu", fuse: bool = True,
                    memory_plan: bool = True, executor: str = "simple") -> "Predictor":
-        """A model file (.prototxt, .yaml, .pbtxt) with weights from a caffemodel or checkpoint."""
+        """A model file (.prototxt, .yaml, .pbtxt, .pb) with weights from a caffemodel, a
+        checkpoint or a Caffe2 init net (.pb, .pbtxt). A model that gives no input shape (a
+        Caffe2 predict net) takes its shape from each batch fed to it."""
         model = load_model(path)
         ws = Workspace(device, seed=0, memory_plan=memory_plan, executor=executor)
         ws.run_net_once(model.init_net)

@@ -111,10 +111,10 @@ def test_convert_round_trips_between_yaml_and_pbtxt(tmp_path):
         LENET).train_net
 
 
-def test_inspect_pbtxt_needs_input_shapes(tmp_path):
+def test_inspect_pbtxt_without_shapes_marks_them_and_names_the_inputs(tmp_path):
     path = tmp_path / "lenet.pbtxt"
     run("convert", LENET, str(path))
-    result = run("inspect", str(path), code=2)
+    result = run("inspect", str(path))
     assert "--input data=D1,D2,..." in result.stderr and "Traceback" not in result.output
     shapes = [f"{p.name}={','.join(map(str, p.shape))}" for p in netrun.load_model(LENET).params]
     args = [a for s in ["data=64,1,28,28", *shapes] for a in ("--input", s)]

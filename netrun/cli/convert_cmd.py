@@ -1,8 +1,10 @@
-"""`netrun convert IN OUT`: write one net of a model as a NetDef (.pbtxt or NetDef .yaml).
+"""`netrun convert IN OUT`: write one net of a model as a NetDef (.pbtxt, binary .pb or
+NetDef .yaml).
 
-IN is anything `netrun.load_model` reads (layer/ops YAML, NetDef .pbtxt or .yaml); OUT's
-extension picks the format. A layer model holds several nets: `--net` chooses which one
-(predict by default, as Caffe2 shipped predict_net + init_net; convert twice for both).
+IN is anything `netrun.load_model` reads (layer/ops YAML, NetDef .pbtxt, .pb or .yaml, Caffe
+.prototxt); OUT's extension picks the format. A layer model holds several nets: `--net`
+chooses which one (predict by default, as Caffe2 shipped predict_net + init_net; convert
+twice for both).
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from netrun.cli.console import console
 @click.option("--net", "which", type=click.Choice(["init", "train", "test", "predict"]),
               default="predict", show_default=True, help="Which net of the model to write.")
 def convert(source: str, target: str, which: str) -> None:
-    """Convert between model YAML, NetDef YAML, NetDef text (.pbtxt) and Caffe .prototxt.
+    """Convert between model YAML, NetDef YAML, NetDef text (.pbtxt), Caffe2's binary NetDef
+    (.pb) and Caffe .prototxt.
 
     A Caffe .prototxt converts to a netrun model YAML (all nets); other inputs write the
     net chosen by --net.

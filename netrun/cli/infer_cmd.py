@@ -9,6 +9,7 @@ from netrun.cli.console import console, json_text
 from netrun.errors import NetrunError
 
 SHOWN = 20
+MODEL_SUFFIXES = (".prototxt", ".yaml", ".yml", ".pbtxt", ".pb.txt", ".pb")
 
 
 @click.command()
@@ -26,8 +27,11 @@ SHOWN = 20
               help="Multiply the inputs by this after any transform (e.g. 0.00390625 for a "
                    "Caffe deploy net trained on 0..1 pixels).")
 @click.option("--weights", type=click.Path(dir_okay=False),
-              help="With a MODEL file (.prototxt, .yaml): its weights, a .caffemodel(.h5) or a "
-                   "netrun checkpoint.")
+              help="With a MODEL file (.prototxt, .yaml, .pbtxt, .pb): its weights, a "
+                   ".caffemodel(.h5), a netrun checkpoint or a Caffe2 init net.")
+@click.option("--init", "init_net", type=click.Path(dir_okay=False), metavar="INIT_NET",
+              help="With a Caffe2 predict net (predict_net.pb or .pbtxt): its init net "
+                   "(init_net.pb or .pbtxt), whose fill ops hold the weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print predictions as JSON on stdout.")
 @click.option("--no-fuse", is_flag=True,
               help="Run the predict net as written, without the bind-time fusions.")
@@ -37,19 +41,21 @@ SHOWN = 20
               show_default=True, help="Run the net in order (simple) or as a dependency graph "
               "on worker threads (dag).")
 def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, scale, weights,
-          as_json, no_fuse, no_memory_plan, executor):
+          init_net, as_json, no_fuse, no_memory_plan, executor):
     """Predict on INPUT (a .npy/.npz/.h5 file or SOURCE:PART such as mnist-10k:test) with a
     netrun CHECKPOINT, or with a MODEL file and --weights (e.g. a Caffe deploy.prototxt and
-    its .caffemodel)."""
+    its .caffemodel), or a Caffe2 predict net and --init (predict_net.pb, init_net.pb)."""
     import numpy as np
 
     from netrun.infer import Predictor, load_inputs, score  # lazy: loaded when the command runs
 
-    if checkpoint.endswith((".prototxt", ".yaml", ".yml", ".pbtxt")):
-        if not weights:
-            raise NetrunError(f"{checkpoint} is a model file: give its weights with --weights")
-        predictor = Predictor.from_model(checkpoint, weights, device, fuse=not no_fuse,
+    if checkpoint.lower().endswith(MODEL_SUFFIXES):
+        predictor = Predictor.from_model(checkpoint, _weights_of(checkpoint, weights, init_net),
+                                         device, fuse=not no_fuse,
                                          memory_plan=not no_memory_plan, executor=executor)
+    elif init_net:
+        raise NetrunError(f"--init goes with a Caffe2 predict net (predict_net.pb or .pbtxt); "
+                          f"{checkpoint} is a checkpoint, which holds its own weights")
     else:
         predictor = Predictor.from_checkpoint(checkpoint, device, fuse=not no_fuse,
                                               memory_plan=not no_memory_plan, executor=executor)
@@ -80,6 +86,23 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
     if scores is not None:
         console.line(f"accuracy {scores['accuracy']:.2%}  loss {scores['loss']:.4f}  "
                      f"on {scores['examples']} examples of {input}")
+
+
+def _weights_of(model: str, weights: str | None, init_net: str | None) -> str:
+    """The one weights file a MODEL runs with: --weights, or --init for a Caffe2 net."""
+    from netrun.proto.io import is_caffe2_netdef  # lazy: loaded when the command runs
+
+    caffe2 = is_caffe2_netdef(model)
+    if weights and init_net:
+        raise NetrunError("give the weights once: --init INIT_NET or --weights FILE, not both")
+    if init_net and not is_caffe2_netdef(init_net):
+        raise NetrunError(f"--init {init_net}: an init net is a Caffe2 NetDef (.pb, .pbtxt); "
+                          f"give a caffemodel or a checkpoint with --weights")
+    if not (weights or init_net):
+        raise NetrunError(f"{model} is a model file: give its init net with --init "
+                          f"(e.g. init_net.pb) or its weights with --weights" if caffe2 else
+                          f"{model} is a model file: give its weights with --weights")
+    return weights or init_net
 
 
 def _write(path: Path, probs, top, records) -> None:

@@ -1,6 +1,7 @@
 """`netrun inspect MODEL`: blobs, shapes, parameters and FLOPs of a model's nets."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -12,7 +13,8 @@ DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8")
 
 
 def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict:
-    """NAME=D1,D2,...[:DTYPE] (a full shape, batch first) -> {name: TensorSpec}."""
+    """NAME=D1,D2,...[:DTYPE] or NAME=D1xD2x... (a full shape, batch first) ->
+    {name: TensorSpec}."""
     from netrun.core.schema import TensorSpec  # lazy: loaded when the command runs
 
     specs = {}
@@ -20,7 +22,8 @@ def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, 
         name, eq, rest = text.partition("=")
         dims, _, dtype = rest.partition(":")
         try:
-            shape = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
+            shape = (tuple(int(d) for d in re.split(r"[,x×]", dims)) if dims.strip()
+                     else ())
         except ValueError:
             shape = None
         if not eq or not name or shape is None or any(d <= 0 for d in shape):
@@ -40,6 +43,9 @@ def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 @click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=D1,D2,...[:DTYPE]",
               callback=parse_inputs,
               help="Full shape (batch first) of an input blob; needed for NetDef files.")
+@click.option("--init", "init_net", type=click.Path(dir_okay=False), metavar="INIT_NET",
+              help="A Caffe2 init net (init_net.pb or .pbtxt) for a NetDef MODEL: the "
+                   "weights' shapes come from its fill ops.")
 @click.option("--net", "which", type=click.Choice(NETS), default="predict", show_default=True,
               help="Which net to analyse.")
 @click.option("--nets", "show_nets", is_flag=True,
@@ -56,13 +62,19 @@ def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, 
                    "peaks.")
 @click.option("--no-memory-plan", is_flag=True,
               help="With --memory: planning off (every activation its own buffer).")
-def inspect(model_path: str, batch: int, inputs: dict, which: str, show_nets: bool,
-            as_json: bool, rewritten: bool, no_fuse: bool, memory: bool,
+def inspect(model_path: str, batch: int, inputs: dict, init_net: str | None, which: str,
+            show_nets: bool, as_json: bool, rewritten: bool, no_fuse: bool, memory: bool,
             no_memory_plan: bool) -> None:
-    """Per-op shapes, parameters and FLOPs of one of MODEL's nets."""
+    """Per-op shapes, parameters and FLOPs of one of MODEL's nets (shapes it cannot know
+    without --input or --init are shown as ?)."""
     from netrun.model import load_model  # lazy: loaded when the command runs
 
     model = load_model(model_path)
+    if init_net:
+        from netrun.model.init_net import with_init_net  # lazy: loaded when the command runs
+        from netrun.proto.io import load_netdef  # lazy: loaded when the command runs
+
+        model = with_init_net(model, load_netdef(init_net), init_net)
     console.detail(f"loaded model '{model.name}' from {model_path}: {len(model.params)} "
                    f"params, nets init/train/predict of {len(model.init_net.ops)}/"
                    f"{len(model.train_net.ops)}/{len(model.predict_net.ops)} ops")
@@ -88,6 +100,8 @@ def inspect(model_path: str, batch: int, inputs: dict, which: str, show_nets: bo
         console.json(data)
     else:
         _print_report(data)
+    if data["unknown_shapes"]["inputs"] or data["unknown_shapes"]["params"]:
+        console.info("unknown shapes (?): " + _needs_text(data["unknown_shapes"]))
 
 
 def rewritten_net(model, which: str, batch: int, overrides: dict, fuse: bool):
@@ -108,37 +122,48 @@ def report(model, which: str, batch: int, overrides: dict,
            fuse: bool | None = None) -> dict[str, Any]:
     """Everything `inspect` shows, as plain data (the --json output). fuse: None for the net
     as written, else the net after the bind-time rewrites (with rewriting on or off)."""
-    from netrun.core.shape_inference import count_params, infer_shapes  # lazy
+    from netrun.core.shape_inference import count_params  # lazy: loaded when the command runs
+    from netrun.model.partial_shapes import infer_known_shapes  # lazy
 
     done = None
     if fuse is None:
-        shapes = model.infer_shapes(which, batch, overrides)
-        net = model.net(which)
+        net, specs = model.net(which), model.input_specs(batch, overrides)
     else:
         net, done, specs = rewritten_net(model, which, batch, overrides, fuse)
-        shapes = infer_shapes(net, specs)
+    shapes = infer_known_shapes(net, specs)
     params = {p.name: p for p in model.params}
 
     def blob(name: str, spec) -> dict[str, Any]:
+        if spec is None:                             # unknown: no --input or --init for it
+            return {"name": name, "shape": None, "dtype": None, "param": name in params}
         return {"name": name, "shape": list(spec.shape), "dtype": spec.dtype,
                 "param": name in params}
 
     ops = []
     for r in shapes.ops:
+        known_cost = r.cost is not None             # None: an input's shape is unknown
         ops.append({
             "name": r.op.name, "type": r.op.type,
             "inputs": [blob(n, s) for n, s in zip(r.op.inputs, r.inputs)],
             "outputs": [blob(n, s) for n, s in zip(r.op.outputs, r.outputs)],
-            "params": sum(s.size for n, s in zip(r.op.inputs, r.inputs) if n in params),
-            "flops": r.cost.flops, "bytes_read": r.cost.bytes_read,
-            "bytes_written": r.cost.bytes_written})
+            "params": sum(s.size for n, s in zip(r.op.inputs, r.inputs)
+                          if n in params and s is not None),
+            "flops": r.cost.flops if known_cost else None,
+            "bytes_read": r.cost.bytes_read if known_cost else None,
+            "bytes_written": r.cost.bytes_written if known_cost else None})
     known = [p for p in params if p in shapes.blobs]
+    # the inputs given a shape, and those the net reads without one (shown as ?)
+    external = [n for n in net.external_inputs if n not in params
+                and (n in shapes.blobs or n in shapes.unknown_inputs)]
+    external += [n for n in shapes.unknown_inputs if n not in params and n not in external]
     return {
         "model": model.name, "source": model.source_path, "net": which, "net_name": net.name,
         "batch": batch,
-        "inputs": [blob(n, shapes[n]) for n in net.external_inputs
-                   if n not in params and n in shapes.blobs],
-        "outputs": [blob(n, shapes[n]) for n in net.external_outputs if n in shapes.blobs],
+        "inputs": [blob(n, shapes.get(n)) for n in external],
+        "outputs": [blob(n, shapes.get(n)) for n in net.external_outputs],
+        "unknown_shapes": {
+            "inputs": [n for n in shapes.unknown_inputs if n not in params],
+            "params": [n for n in shapes.unknown_inputs if n in params]},
         "params": [{**blob(n, shapes[n]), "size": shapes[n].size, "layer": params[n].layer,
                     "lr_mult": params[n].lr_mult, "decay_mult": params[n].decay_mult,
                     "trainable": params[n].trainable} for n in known],
@@ -163,12 +188,16 @@ def _print_report(d: dict[str, Any]) -> None:
         ins = "\n".join(_blob_text(b) for b in o["inputs"] if not b["param"])
         outs = "\n".join(_blob_text(b) for b in o["outputs"])
         rows.append([i, o["name"], o["type"], ins, outs, f"{o['params']:,}" if o["params"] else "",
-                     _si(o["flops"])])
+                     "?" if o["flops"] is None else _si(o["flops"])])
     console.table(["#", "name", "type", "inputs", "outputs", "params", "FLOPs"], rows,
                   right=("#", "params", "FLOPs"))
     console.line()
-    console.line(f"parameters: {d['total_params']:,} ({_si(d['total_param_bytes'], 'B')})")
-    console.line(f"FLOPs:      {d['total_flops']:,} ({_si(d['total_flops'])})"
+    unknown = d["unknown_shapes"]
+    partial = " of known shape" if unknown["inputs"] or unknown["params"] else ""
+    params, flops = f"parameters{partial}:", f"FLOPs{partial}:"
+    console.line(f"{params:<{len(params) + 1}}{d['total_params']:,} "
+                 f"({_si(d['total_param_bytes'], 'B')})")
+    console.line(f"{flops:<{len(params) + 1}}{d['total_flops']:,} ({_si(d['total_flops'])})"
                  + (f" per batch of {d['batch']}" if batch else ""))
     if "rewrites" in d:
         console.line()
@@ -177,7 +206,25 @@ def _print_report(d: dict[str, Any]) -> None:
             console.line(f"  {f['rule']}: {' + '.join(f['replaced'])} -> {f['made']}")
 
 
+def _needs_text(unknown: dict[str, list[str]]) -> str:
+    """What to pass for the shapes inspect could not know."""
+    parts = []
+    if unknown["inputs"]:
+        names = unknown["inputs"]
+        parts.append(f"the input{'s' if len(names) > 1 else ''} {', '.join(names)}: pass "
+                     + " ".join(f"--input {n}=D1,D2,..." for n in names)
+                     + " (the full shape, batch first)")
+    if unknown["params"]:
+        names = unknown["params"]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{len(names)} weight{'s' if len(names) > 1 else ''} ({shown}): pass the "
+                     f"init net with --init INIT_NET (or --input for each)")
+    return "; ".join(parts)
+
+
 def _blob_text(b: dict[str, Any]) -> str:
+    if b["shape"] is None:
+        return f"{b['name']} ?"
     shape = "×".join(map(str, b["shape"])) if b["shape"] else "scalar"
     return f"{b['name']} {shape}" + ("" if b["dtype"] == "float32" else f" {b['dtype']}")
 

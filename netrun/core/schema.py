@@ -171,27 +171,39 @@ def _count(lo: int, hi: int) -> str:
 
 def _check_arg_type(op: OperatorDef, spec: Arg, value: Any) -> Any:
     t = spec.type
-    bad = SchemaError(f"op {op.label}: argument '{spec.name}' must be {_describe(t)}, got {value!r}")
     if t == "any":
         return value
+    if t in _LISTS:
+        if not isinstance(value, list):
+            value = [value]  # a single value where a list is expected is a list of one
+        # One pass without building a message per element: init nets hold millions of values.
+        scalar = _LISTS[t]
+        out = [_scalar(scalar, v) for v in value]
+        if any(v is _BAD for v in out):
+            bad = next(v for v, o in zip(value, out) if o is _BAD)
+            raise SchemaError(f"op {op.label}: argument '{spec.name}' must be {_describe(t)}, "
+                              f"got {bad!r} among its values")
+        return out
+    out = _scalar(t, value)
+    if out is _BAD:
+        raise SchemaError(f"op {op.label}: argument '{spec.name}' must be {_describe(t)}, "
+                          f"got {value!r}")
+    return out
+
+
+_LISTS = {"ints": "int", "floats": "float", "strs": "str"}
+_BAD = object()
+
+
+def _scalar(t: str, value: Any) -> Any:
+    """`value` as type `t` ("int", "float", "str"), or _BAD."""
+    if t == "float":
+        return float(value) if isinstance(value, (int, float)) else _BAD
     if t == "int":
         if isinstance(value, int):
             return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise bad
-    if t == "float":
-        if isinstance(value, (int, float)):
-            return float(value)
-        raise bad
-    if t == "str":
-        if isinstance(value, str):
-            return value
-        raise bad
-    scalar = {"ints": "int", "floats": "float", "strs": "str"}[t]
-    if not isinstance(value, list):
-        value = [value]  # a single value where a list is expected is a list of one
-    return [_check_arg_type(op, Arg(spec.name, scalar), v) for v in value]
+        return int(value) if isinstance(value, float) and value.is_integer() else _BAD
+    return value if isinstance(value, str) else _BAD
 
 
 def _describe(t: str) -> str:

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Callable
 
 from netrun.errors import NetrunError, ParseError
+from netrun.model.caffe2_compat import from_caffe2
 from netrun.model.model import Model, model_from_netdef
 from netrun.model.yaml_model import model_from_yaml_file
 from netrun.proto.io import load_netdef
@@ -25,13 +26,16 @@ def _load_yaml(path: Path, **options) -> Model:
     return model_from_yaml_file(path, **options)
 
 
-@register_format(".pbtxt", ".txt")   # .txt: x.pb.txt
-def _load_pbtxt(path: Path, **options) -> Model:
-    return model_from_netdef(load_netdef(str(path)), source_path=str(path), **options)
+@register_format(".pbtxt", ".txt", ".pb")   # .txt: x.pb.txt; .pb: Caffe2 binary protobuf
+def _load_netdef(path: Path, **options) -> Model:
+    # Caffe2's formats: the net may carry arguments only Caffe2 reads (model-zoo nets do)
+    net = from_caffe2(load_netdef(str(path)))
+    return model_from_netdef(net, source_path=str(path), **options)
 
 
 def load_model(path: str | Path, data_inputs: list[str] | None = None, **options) -> Model:
-    """Load a model file: layer/ops YAML, a NetDef (.pbtxt or NetDef YAML), Caffe .prototxt.
+    """Load a model file: layer/ops YAML, a NetDef (.pbtxt, binary .pb or NetDef YAML), Caffe
+    .prototxt.
 
     `data_inputs` names the data blobs of a bare NetDef (default: its first external input,
     as Caffe2 predict nets list it); the other external inputs that no op writes are params.
