@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from netrun.train.config import expand
 from netrun.train.data import data_keys, make_source, make_transform, parse_spec
 from netrun.train.data.base import as_labels, check_lengths
 from netrun.train.data.hdf5 import h5_read
+from netrun.train.data.image_inputs import is_image_input, read_image_inputs
 from netrun.train.data.numpy_files import NpzArchive, load_npy
 from netrun.weights import load_weights
 
@@ -29,6 +30,8 @@ class Inputs:
     data: np.ndarray
     labels: np.ndarray | None
     description: str
+    names: list[str] | None = None                # per example: its file or database key
+    warnings: list[str] = field(default_factory=list)
 
 
 class Predictor:
@@ -120,6 +123,8 @@ class Predictor:
         want = self.example_shape
         if want is None or tuple(data.shape[1:]) == want:
             return data
+        if tuple(data.shape) == want:                  # one example: a batch of one
+            return data[None]
         # N×H×W images for a 1×H×W model: add the channel axis.
         if len(want) == data.ndim and want[0] == 1 and tuple(data.shape[1:]) == want[1:]:
             return data[:, None]
@@ -129,22 +134,69 @@ class Predictor:
 
 def load_inputs(spec: str, predictor: Predictor, data_dir: str | None = None,
                 transform: bool = True) -> Inputs:
-    """Read INPUT: a .npy/.npz/.h5 file or a data spec SOURCE:PART such as mnist-10k:test."""
+    """Read INPUT: a .npy/.npz/.h5 file, images (a file, a glob, a folder, a Caffe list file,
+    an LMDB/LevelDB), or a data spec SOURCE:PART such as mnist-10k:test."""
     path = Path(spec)
     tf = predictor.transform() if transform else None
-    if path.suffix in (".npy", ".npz", ".h5", ".hdf5") and path.exists():
+    if path.suffix not in ARRAY_SUFFIXES and is_image_input(spec):
+        return _image_inputs(spec, predictor, tf)
+    if path.suffix in ARRAY_SUFFIXES and path.exists():
         data, labels = _read_file(path)
         data = _numbers(data, f"{path}: data")
         if labels is not None:
             labels = as_labels(labels, f"{path}: labels")
             check_lengths(data, labels, str(path))
-    elif path.suffix in (".npy", ".npz", ".h5", ".hdf5"):
+    elif path.suffix in ARRAY_SUFFIXES:
         raise NetrunError(f"input file '{spec}' does not exist")
     else:
         data, labels = _read_spec(spec, predictor, data_dir)
+    warnings = _range_warnings(data, tf, spec) if path.suffix in ARRAY_SUFFIXES else []
     if tf is not None:
         data = _apply(tf, predictor._fit_shape(np.asarray(data, dtype=np.float32)))
-    return Inputs(np.asarray(data, dtype=np.float32), labels, spec)
+    return Inputs(np.asarray(data, dtype=np.float32), labels, spec, None, warnings)
+
+
+ARRAY_SUFFIXES = (".npy", ".npz", ".h5", ".hdf5")
+
+
+def _image_inputs(spec: str, predictor: Predictor, tf) -> Inputs:
+    """Images decoded, resized to the size the net was trained on, then transformed."""
+    shape = predictor.example_shape
+    channels = shape[0] if shape and len(shape) == 3 else 3
+    size = _trained_size(predictor.config.get("data"), shape)
+    found = read_image_inputs(spec, channels, size)
+    data = found.data
+    data = _apply(tf, data) if tf is not None else data.astype(np.float32)
+    return Inputs(np.asarray(data, np.float32), found.labels, spec, found.names)
+
+
+def _trained_size(data_cfg: Any, shape: tuple[int, ...] | None) -> tuple[int, int] | None:
+    """The (H, W) images had before the training transform: the source's resize when the
+    config names one, else the net's input size (a centre crop of it is then the whole)."""
+    cfg = data_cfg if isinstance(data_cfg, dict) else {}
+    resize = cfg.get("resize")
+    try:
+        if isinstance(resize, int) and resize > 0:
+            return resize, resize
+        if isinstance(resize, (list, tuple)) and len(resize) == 2:
+            return int(resize[0]), int(resize[1])
+        if cfg.get("new_height") and cfg.get("new_width"):
+            return int(cfg["new_height"]), int(cfg["new_width"])
+    except (TypeError, ValueError):      # a stored config is data: ignore what does not fit
+        pass
+    return (int(shape[1]), int(shape[2])) if shape and len(shape) == 3 else None
+
+
+def _range_warnings(data: np.ndarray, tf, spec: str) -> list[str]:
+    """A warning when the values look already scaled but the transform scales them again."""
+    if tf is None or tf.scale >= 0.5 or not np.size(data):
+        return []
+    lo, hi = float(np.min(data)), float(np.max(data))
+    if hi <= 1.0 and lo >= -1.0:
+        return [f"{spec}: the values lie in [{lo:.3g}, {hi:.3g}], but the training transform "
+                f"multiplies by {tf.scale:.6g} (it expects raw pixels, 0..255); if the input "
+                f"is already scaled, pass --raw"]
+    return []
 
 
 def _numbers(data: np.ndarray, where: str) -> np.ndarray:

@@ -42,9 +42,22 @@ MODEL_SUFFIXES = (".prototxt", ".yaml", ".yml", ".pbtxt", ".pb.txt", ".pb")
               "on worker threads (dag).")
 def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, scale, weights,
           init_net, as_json, no_fuse, no_memory_plan, executor):
-    """Predict on INPUT (a .npy/.npz/.h5 file or SOURCE:PART such as mnist-10k:test) with a
-    netrun CHECKPOINT, or with a MODEL file and --weights (e.g. a Caffe deploy.prototxt and
-    its .caffemodel), or a Caffe2 predict net and --init (predict_net.pb, init_net.pb)."""
+    """Predict on INPUT with a netrun CHECKPOINT, or with a MODEL file and --weights (e.g. a
+    Caffe deploy.prototxt and its .caffemodel), or a Caffe2 predict net and --init
+    (predict_net.pb, init_net.pb).
+
+    INPUT is a .npy/.npz/.h5 file (one example or a batch), images (a PNG/JPEG/... file, a
+    quoted glob, a folder, a Caffe list file of "path label" lines, an LMDB/LevelDB of
+    Datums), or SOURCE:PART such as mnist-10k:test. Images are resized to the size the net
+    was trained on and get the training config's test-time transform.
+
+    \b
+    Examples:
+      netrun infer runs/quickstart/best.h5 digit.png --top-k 3
+      netrun infer runs/quickstart/best.h5 'photos/*.jpg' -o predictions.csv
+      netrun infer runs/quickstart/best.h5 val.txt            # list file: accuracy too
+      netrun infer predict_net.pb cat.jpg --init init_net.pb
+    """
     import numpy as np
 
     from netrun.infer import Predictor, load_inputs, score  # lazy: loaded when the command runs
@@ -61,13 +74,16 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
                                               memory_plan=not no_memory_plan, executor=executor)
     console.detail(f"bind-time rewrites: {predictor.rewritten.summary()}")
     inputs = load_inputs(input, predictor, data_dir, transform=not raw)
+    for warning in inputs.warnings:
+        console.warn(warning)
     if scale is not None:
         inputs.data *= scale
     probs = predictor.predict(inputs.data, batch_size)
     k = min(top_k, probs.shape[1])
     top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     scores = score(probs, inputs.labels) if inputs.labels is not None else None
-    records = [{"index": i, "top_k": [[int(c), float(probs[i, c])] for c in top[i]],
+    records = [{"index": i, **({"input": inputs.names[i]} if inputs.names else {}),
+                "top_k": [[int(c), float(probs[i, c])] for c in top[i]],
                 **({"label": int(inputs.labels[i])} if inputs.labels is not None else {})}
                for i in range(len(probs))]
     if output:
@@ -78,9 +94,12 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
                       **(scores or {}), "predictions": records})
         return
     if not output:
-        rows = [(r["index"], " ".join(f"{c}:{p:.3f}" for c, p in r["top_k"]),
-                 r.get("label", "")) for r in records[:SHOWN]]
-        console.table(["#", f"top-{k} class:probability", "label"], rows, right=["#"])
+        named = inputs.names is not None
+        rows = [(r["index"], *([r["input"]] if named else []),
+                 " ".join(f"{c}:{p:.3f}" for c, p in r["top_k"]), r.get("label", ""))
+                for r in records[:SHOWN]]
+        console.table(["#", *(["input"] if named else []), f"top-{k} class:probability",
+                       "label"], rows, right=["#"])
         if len(records) > SHOWN:
             console.line(f"... {len(records) - SHOWN} more (use --output or --json for all)")
     if scores is not None:
@@ -105,6 +124,13 @@ def _weights_of(model: str, weights: str | None, init_net: str | None) -> str:
     return weights or init_net
 
 
+def _csv_field(text: str) -> str:
+    """A CSV field, quoted when the text holds a comma, a quote or a line break."""
+    if any(ch in text for ch in ',"\n\r'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
 def _write(path: Path, probs, top, records) -> None:
     import numpy as np
 
@@ -115,10 +141,13 @@ def _write(path: Path, probs, top, records) -> None:
     elif path.suffix == ".json":
         path.write_text(json_text(records, indent=None))
     elif path.suffix == ".csv":
-        lines = ["index,prediction,probability" + (",label" if "label" in records[0] else "")]
+        named, labelled = "input" in records[0], "label" in records[0]
+        lines = ["index" + (",input" if named else "") + ",prediction,probability"
+                 + (",label" if labelled else "")]
         for r in records:
             c, p = r["top_k"][0]
-            lines.append(f"{r['index']},{c},{p:.6f}" + (f",{r['label']}" if "label" in r else ""))
+            name = "," + _csv_field(r["input"]) if named else ""
+            lines.append(f"{r['index']}{name},{c},{p:.6f}" + (f",{r['label']}" if labelled else ""))
         path.write_text("\n".join(lines) + "\n")
     else:
         raise NetrunError(f"--output '{path}': use .npy, .npz, .json or .csv")
