@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from netrun.errors import DataError, NetrunError
-from netrun.train.data import BatchLoader, Transform
+from netrun.train.data import BatchLoader, Transform, iterate_once
 
 
 class FailingArray:
@@ -102,3 +102,53 @@ def test_workers_count_is_checked():
     data, label = images(10)
     with pytest.raises(NetrunError, match="workers must be 0..64"):
         BatchLoader((data, label), 2, workers=-1)
+
+
+def test_evaluation_with_workers_is_the_in_process_pass():
+    data, label = images(100)                      # 3 full batches of 32 and one of 4
+    want = list(iterate_once((data, label), 32, TRANSFORM))
+    got = list(iterate_once((data, label), 32, TRANSFORM, workers=2))
+    assert [len(y) for _, y in got] == [32, 32, 32, 4]
+    for (x0, y0), (x1, y1) in zip(want, got):
+        np.testing.assert_array_equal(x1, x0)
+        np.testing.assert_array_equal(y1, y0)
+    assert len(list(iterate_once((data, label), 32, TRANSFORM, workers=1, limit=2))) == 2
+
+
+def test_workers_leave_when_the_training_process_is_killed(tmp_path):
+    """No orphans: a training process killed with SIGKILL takes its workers with it."""
+    import subprocess
+    import sys
+    script = tmp_path / "victim.py"
+    script.write_text(
+        "import numpy as np, sys\n"
+        "from netrun.train.data import BatchLoader\n"
+        "if __name__ == '__main__':\n"
+        "    x = np.zeros((64, 1, 4, 4), np.float32); y = np.zeros(64, np.int32)\n"
+        "    loader = BatchLoader((x, y), 8, workers=2)\n"
+        "    next(loader)\n"
+        "    print(' '.join(str(p.pid) for p in loader._holder.prefetcher.procs), flush=True)\n"
+        "    sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    proc.kill()
+    proc.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by init) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

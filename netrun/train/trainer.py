@@ -275,7 +275,10 @@ class Trainer:
         seen = 0
         if "test" in self.rewrites:   # the folded weights follow the parameters
             self.rewrites["test"].materialize(ws)
-        for k, batch in enumerate(iterate_once(tuple(part), self.test_batch_size, self.transform)):
+        workers = data_workers(self.config.data, part.data)
+        batches = iterate_once(tuple(part), self.test_batch_size, self.transform, workers,
+                               limit=max_batches)
+        for k, batch in enumerate(batches):
             if max_batches and k >= max_batches:
                 break
             self._feed(batch)

@@ -309,10 +309,29 @@ class BatchLoader:
 
 
 def iterate_once(arrays: Sequence[Any], batch_size: int,
-                 transform: Transform | None = None) -> Iterator[Batch]:
-    """One in-order pass for evaluation: test-mode transform, the last batch may be short."""
+                 transform: Transform | None = None, workers: int = 0,
+                 limit: int = 0) -> Iterator[Batch]:
+    """One in-order pass for evaluation: test-mode transform, the last batch may be short.
+
+    With `workers`, the full batches are made by worker processes (as in training) and only
+    a short last batch in this one; `limit` stops after that many batches (0: all), so the
+    workers decode no more than is asked for.
+    """
     arrays = tuple(arrays)
-    for start in range(0, len(arrays[0]), batch_size):
+    full = len(arrays[0]) // batch_size
+    if limit:
+        full = min(full, limit)
+    start = 0
+    if workers and full > 1:
+        loader = BatchLoader(arrays, batch_size, shuffle=False, transform=transform,
+                             train=False, workers=workers, depth=min(3, full))
+        with loader:
+            for _ in range(full):
+                yield next(loader)
+        start = full * batch_size
+        if limit and full >= limit:
+            return
+    for start in range(start, len(arrays[0]), batch_size):
         sl = slice(start, start + batch_size)
         data = arrays[0][sl]
         data = (transform(data, None, train=False) if transform is not None

@@ -16,7 +16,9 @@ threads, which a fork would copy in an unknown state.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
+import signal
 import traceback
 from collections import deque
 from multiprocessing import shared_memory
@@ -67,9 +69,18 @@ def _worker_main(make_batch: MakeBatch, shm_name: str, layout: SlotLayout, tasks
         limits = threadpool_limits(threads)   # the training step owns the cores' BLAS threads
     except Exception:   # noqa: BLE001
         limits = None
+    # Ctrl-C reaches the whole process group: the training process handles it (it finishes
+    # the step and writes a checkpoint) and then stops the workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
     try:
         while True:
-            task = tasks.get()
+            try:
+                task = tasks.get(timeout=_POLL_S)
+            except queue.Empty:
+                if os.getppid() != parent:      # the training process died (kill -9): go too
+                    return
+                continue
             if task is None:
                 return
             number, pos, slot = task
