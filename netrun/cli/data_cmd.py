@@ -182,7 +182,7 @@ def _describe_text(info: dict) -> None:
     formats = ", ".join(f"{n:,} {f}" for f, n in info["formats"].items())
     console.line(f"{info['path']}: {info['backend']}, {info['records']:,} records "
                  f"({kinds or 'none'}{'; ' + formats if formats else ''}), "
-                 f"{_size(info['record_bytes'])}")
+                 f"{_size(info['record_bytes'])} of records")
     if info["shapes"]:
         console.table(["shape (CxHxW)", "records"],
                       ([_shape(x["shape"]), f"{x['count']:,}"] for x in info["shapes"]),
