@@ -15,7 +15,8 @@ The schema is proto2 without [packed=true], so Caffe2 writes repeated numbers on
 the writer does the same, in field-number order, so its bytes are what protobuf's own
 serializer makes of the same message. The reader takes packed and unpacked lists alike and
 skips fields it does not know, as protobuf readers do. What netrun cannot represent (tensor
-or net arguments, control inputs, other operator libraries) is refused, not dropped.
+or net arguments, control inputs, other operator libraries) is refused, not dropped; those
+rules are netdef_rules', which the text reader (pbtxt) applies too.
 """
 from __future__ import annotations
 
@@ -23,15 +24,14 @@ import numpy as np
 
 from netrun.errors import NetrunError, ParseError
 from netrun.proto.defs import ArgValue, NetDef, OperatorDef
+from netrun.proto.netdef_rules import (FIELDS, SCALAR_KINDS, UNSUPPORTED_KINDS, Refusal,
+                                       add_arg, arg_kind, check_op, device_name, device_option,
+                                       op_label, utf8, with_net_device)
 from netrun.proto.wire import (FIXED32, LENGTH, VARINT, WireError, Writer, as_real, as_reals,
                                iter_fields, key, read_varint, signed)
 
-_DEVICE_TYPES = {"cpu": 0, "gpu": 1}          # Caffe2's DeviceTypeProto: CPU = 0, CUDA = 1
-_DEVICE_NAMES = {v: k for k, v in _DEVICE_TYPES.items()}
-_SCALAR_KINDS = {2: "f", 3: "i", 4: "s"}
-_LIST_KINDS = {5: "floats", 6: "ints", 7: "strings"}
-_UNSUPPORTED_KINDS = {8: "a NetDef (n)", 9: "NetDefs (nets)", 10: "a TensorProto (t)",
-                      11: "TensorProtos (tensors)", 12: "QTensorProtos (qtensors)"}
+_OP_NAMES = {number: name for name, number in FIELDS["OperatorDef"].items()}
+_ARG_NAMES = {number: name for name, number in FIELDS["Argument"].items()}
 # One unpacked float of Argument.floats: key byte 0x2D (field 5, fixed32), then 4 bytes.
 _FLOAT_RECORD = np.dtype([("key", "u1"), ("value", "<f4")])
 _FLOAT_KEY = key(5, FIXED32)[0]
@@ -65,7 +65,7 @@ def _op_bytes(op: OperatorDef) -> bytes:
     for name, value in op.args.items():
         w.bytes(5, _arg_bytes(name, value, op))
     if op.device is not None:
-        w.bytes(6, _device_bytes(op.device, op))
+        w.bytes(6, _device_bytes(op))
     if op.engine:
         w.bytes(7, op.engine)
     return w.to_bytes()
@@ -126,14 +126,11 @@ def _floats32(values: list, name: str, op: OperatorDef) -> np.ndarray:
     return single
 
 
-def _device_bytes(device: str, op: OperatorDef) -> bytes:
-    kind, colon, index = device.partition(":")
-    if kind not in _DEVICE_TYPES or (colon and not index.isdigit()):
-        raise NetrunError(f"op {op.label} has device {device!r}; a Caffe2 NetDef can hold "
-                          f"'cpu', 'gpu' or 'gpu:N'")
-    w = Writer().int(1, _DEVICE_TYPES[kind])
-    if index:
-        w.int(2, int(index))
+def _device_bytes(op: OperatorDef) -> bytes:
+    kind, index = device_option(op)
+    w = Writer().int(1, kind)
+    if index is not None:
+        w.int(2, index)
     return w.to_bytes()
 
 
@@ -142,112 +139,84 @@ def netdef_from_bytes(data: bytes | memoryview, where: str = "<bytes>") -> NetDe
     """Parse a binary Caffe2 NetDef. Damaged bytes raise WireError naming `where`; content
     netrun cannot represent raises ParseError."""
     try:
-        return _read_net(memoryview(data), where)
+        return _read_net(memoryview(data))
     except WireError as e:
         raise WireError(f"{where}: not a readable Caffe2 NetDef ({e})") from None
+    except Refusal as e:                  # the rules say what is wrong; this says where
+        raise ParseError(e.message, where) from None
 
 
-def _read_net(buf: memoryview, where: str) -> NetDef:
+def _read_net(buf: memoryview) -> NetDef:
     name, ops, inputs, outputs, device = "", [], [], [], None
     for number, wire, value in iter_fields(buf):
         if number == 1:
-            name = _text(wire, value, "NetDef.name", where)
+            name = _text(wire, value, "NetDef.name")
         elif number == 2:
-            ops.append(_read_op(_message(wire, value, "NetDef.op"), len(ops), where))
+            ops.append(_read_op(_message(wire, value, "NetDef.op"), len(ops)))
         elif number == 5:
-            device = _read_device(_message(wire, value, "NetDef.device_option"), "the net",
-                                  where)
+            device = _read_device(_message(wire, value, "NetDef.device_option"), "the net")
         elif number == 7:
-            inputs.append(_text(wire, value, "NetDef.external_input", where))
+            inputs.append(_text(wire, value, "NetDef.external_input"))
         elif number == 8:
-            outputs.append(_text(wire, value, "NetDef.external_output", where))
-        # 3 type, 4 num_workers, 6 arg: executor hints (netrun picks its own executor);
-        # 9 partition_info and anything newer: placement, not computation
-    if device is not None:
-        # Caffe2: the net's device option is every op's that has none of its own
-        ops = [o if o.device is not None else o.with_(device=device) for o in ops]
-    return NetDef(name, ops, inputs, outputs)
+            outputs.append(_text(wire, value, "NetDef.external_output"))
+        # the rest is skipped (netdef_rules.SKIPPED), and so is anything newer
+    return NetDef(name, with_net_device(ops, device), inputs, outputs)
 
 
-def _read_op(buf: memoryview, index: int, where: str) -> OperatorDef:
+def _read_op(buf: memoryview, index: int) -> OperatorDef:
     fields: dict[str, list] = {"input": [], "output": [], "arg": []}
     scalars: dict[str, str] = {}
     device = None
     for number, wire, value in iter_fields(buf):
         if number in (1, 2):
             fields["input" if number == 1 else "output"].append(
-                _text(wire, value, "OperatorDef.input/output", where))
-        elif number in (3, 4, 7, 11):
-            field = {3: "name", 4: "type", 7: "engine", 11: "domain"}[number]
-            scalars[field] = _text(wire, value, f"OperatorDef.{field}", where)
+                _text(wire, value, "OperatorDef.input/output"))
+        elif number in (3, 4, 7, 8, 11):
+            # control_input is repeated; one is enough to refuse the op
+            field = _OP_NAMES[number]
+            scalars[field] = _text(wire, value, f"OperatorDef.{field}")
         elif number == 5:
             fields["arg"].append(_message(wire, value, "OperatorDef.arg"))
         elif number == 6:
             device = _message(wire, value, "OperatorDef.device_option")
-        elif number == 8:
-            scalars["control_input"] = _text(wire, value, "OperatorDef.control_input", where)
-        # 9 is_gradient_op, 10 debug_info, 12 op_version: hints that change no result
-    label = _op_label(index, scalars)
-    if "type" not in scalars:
-        raise ParseError(f"{label} has no type", where)
-    if "control_input" in scalars:
-        raise ParseError(f"{label} has a control input ('{scalars['control_input']}'): netrun "
-                         f"orders ops by the blobs they read and write only", where)
-    if scalars.get("domain", "caffe2") not in ("", "caffe2"):
-        raise ParseError(f"{label} is from the '{scalars['domain']}' operator library; netrun "
-                         f"runs Caffe2 operators only", where)
+        # 9 is_gradient_op, 10 debug_info, 12 op_version: skipped (netdef_rules.SKIPPED)
+    label = op_label(index, scalars.get("name"), scalars.get("type"))
+    check_op(label, scalars.get("type"), scalars.get("control_input"), scalars.get("domain"))
     args: dict[str, ArgValue] = {}
     for arg in fields["arg"]:
-        name, value = _read_arg(arg, label, where)
-        if name in args:
-            raise ParseError(f"argument '{name}' is given more than once in {label}", where)
-        args[name] = value
+        add_arg(args, *_read_arg(arg, label), label)
     return OperatorDef(scalars["type"], tuple(fields["input"]), tuple(fields["output"]), args,
                        scalars.get("name", ""),
-                       None if device is None else _read_device(device, label, where),
+                       None if device is None else _read_device(device, label),
                        scalars.get("engine", ""))
 
 
-def _op_label(index: int, scalars: dict[str, str]) -> str:
-    """How errors name an op while it is read: "op 3 ('conv1', Conv)"."""
-    named = [repr(scalars["name"])] if scalars.get("name") else []
-    named += [scalars["type"]] if scalars.get("type") else []
-    return f"op {index}" + (f" ({', '.join(named)})" if named else "")
-
-
-def _read_arg(buf: memoryview, label: str, where: str) -> tuple[str, ArgValue]:
-    name, kinds, values, unsupported = None, [], {}, None
+def _read_arg(buf: memoryview, label: str) -> tuple[str, ArgValue]:
+    name, kinds, values, unsupported = None, [], {}, []
     for number, wire, value in _argument_fields(buf):
         if number == 1:
-            name = _text(wire, value, "Argument.name", where)
+            name = _text(wire, value, "Argument.name")
             continue
-        if number in _UNSUPPORTED_KINDS:
-            unsupported = _UNSUPPORTED_KINDS[number]
+        kind = _ARG_NAMES.get(number)
+        if kind in UNSUPPORTED_KINDS:
+            unsupported.append(kind)
             continue
-        kind = _SCALAR_KINDS.get(number) or _LIST_KINDS.get(number)
         if kind is None:
             continue                                 # a field from a newer schema
         if kind not in kinds:
             kinds.append(kind)
-        if number in _SCALAR_KINDS:                  # optional scalar: the last one wins
+        if kind in SCALAR_KINDS:                     # optional scalar: the last one wins
             values[kind] = _scalar(number, wire, value)
         else:
             values.setdefault(kind, []).extend(_items(number, wire, value))
-    if name is None:
-        raise ParseError(f"{label} has an argument with no name", where)
-    if unsupported:
-        raise ParseError(f"argument '{name}' of {label} holds {unsupported}; no netrun "
-                         f"operator takes such an argument", where)
-    if len(kinds) > 1:
-        raise ParseError(f"argument '{name}' of {label} has both '{kinds[0]}' and "
-                         f"'{kinds[1]}'", where)
-    if not kinds:
+    kind = arg_kind(name, label, kinds, unsupported)
+    if kind is None:
         return name, []      # an empty repeated field leaves nothing but the name
-    if kinds[0] == "s":
-        return name, _utf8(values["s"], f"argument '{name}' of {label}", where)
-    if kinds[0] == "strings":
-        return name, [_utf8(v, f"argument '{name}' of {label}", where) for v in values["strings"]]
-    return name, values[kinds[0]]
+    if kind == "s":
+        return name, utf8(values["s"], f"argument '{name}' of {label}")
+    if kind == "strings":
+        return name, [utf8(v, f"argument '{name}' of {label}") for v in values["strings"]]
+    return name, values[kind]
 
 
 def _argument_fields(buf: memoryview):
@@ -340,22 +309,13 @@ def _message(wire: int, value, field: str) -> memoryview:
     return value
 
 
-def _text(wire: int, value, field: str, where: str) -> str:
+def _text(wire: int, value, field: str) -> str:
     if wire != LENGTH:
         _wrong(field, "a string (length-delimited)")
-    return _utf8(bytes(value), field, where)
+    return utf8(bytes(value), field)
 
 
-def _utf8(data: bytes, what: str, where: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ParseError(f"{what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                         f"{e.start} of {data[:40]!r}); netrun keeps names and string "
-                         f"arguments as text", where) from None
-
-
-def _read_device(buf: memoryview, label: str, where: str) -> str:
+def _read_device(buf: memoryview, label: str) -> str:
     kind, index = 0, None                       # Caffe2's default device_type is CPU
     for number, wire, value in iter_fields(buf):
         if number in (1, 2) and wire != VARINT:
@@ -364,12 +324,5 @@ def _read_device(buf: memoryview, label: str, where: str) -> str:
             kind = signed(value, 32)
         elif number == 2:
             index = signed(value, 32)
-        # 3 random_seed, 4 node_name, 5 numa_node_id, 6 extra_info: no effect on results here
-    if kind not in _DEVICE_NAMES:
-        raise ParseError(f"{label} has device_type {kind}, which netrun does not run "
-                         f"(0 = CPU, 1 = CUDA)", where)
-    if index is not None and index < 0:
-        raise ParseError(f"{label} has device_id {index}; it must be ≥ 0", where)
-    name = _DEVICE_NAMES[kind]
-    return f"{name}:{index}" if index is not None else name
-
+        # 3 random_seed, 4 node_name, 5 numa_node_id, 6 extra_info: skipped
+    return device_name(kind, index, label)

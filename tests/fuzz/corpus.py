@@ -151,6 +151,25 @@ output: {output}
 """
 
 
+def netdef_pb_seed() -> bytes:
+    """A binary Caffe2 NetDef with every argument kind, every device form, empty and
+    non-ASCII values and a run of unpacked floats (the binary reader's fast path)."""
+    import netrun
+    from netrun.proto.defs import NetDef
+    from netrun.proto.netdef_binary import netdef_to_bytes
+
+    values = np.random.default_rng(2).standard_normal(70).astype(np.float32)
+    values[:3] = [np.nan, np.inf, -0.0]
+    return netdef_to_bytes(NetDef("every-field", [
+        netrun.op("GivenTensorFill", [], ["w"], shape=[70], values=values.tolist()),
+        netrun.op("Conv", ["data", "w"], ["conv1"], name="conv1", kernel=3, pads=[1, 0, -1, 2],
+                  epsilon=1e-5, order="NCHW", engine="CUDNN", device="gpu:1"),
+        netrun.op("Relu", "conv1", "conv1", device="cpu"),
+        netrun.op("Custom", ["conv1"], ["out", "aux"], names=["a", "é", ""], empty=[],
+                  big=-(1 << 63), text="ünïcode", scale=0.1, device="gpu"),
+    ], ["data"], ["out"]))
+
+
 class Corpus:
     """Seed files by target name (sorted, so case numbers mean the same inputs everywhere),
     plus the objects readers need beside the mutated file, built on first use."""
@@ -212,6 +231,7 @@ def build(folder: Path) -> Corpus:
     from netrun.caffe import caffe_to_yaml
     from netrun.model import load_model
     from netrun.proto.io import save_netdef
+    from netrun.proto.netdef_binary import netdef_to_bytes
 
     aux = folder / "aux"
     aux.mkdir(parents=True, exist_ok=True)
@@ -227,6 +247,8 @@ def build(folder: Path) -> Corpus:
             save_netdef(model.net(which), aux / f"{name}-{which}.yaml")
             _add(folder, "netdef-yaml", f"{name}-{which}.yaml",
                        (aux / f"{name}-{which}.yaml").read_bytes())
+        _add(folder, "netdef-pb", f"{name}-predict.pb", netdef_to_bytes(model.net("predict")))
+    _add(folder, "netdef-pb", "every-field.pb", netdef_pb_seed())
     _caffe(folder, aux, caffe_to_yaml)
     _configs(folder, aux)
     _checkpoints(folder, aux)

@@ -62,7 +62,8 @@ def case_input(target: Target, corpus: Corpus, case: int) -> tuple[str, bytes]:
     seeds = corpus.seeds[target.name]
     seed = rng.choice(seeds)
     others = [p.read_bytes() for p in seeds]
-    return seed.name, mutate(seed.read_bytes(), rng, text=target.text, others=others)
+    return seed.name, mutate(seed.read_bytes(), rng, text=target.text, proto=target.proto,
+                             others=others)
 
 
 # The worker ---------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ class Target:
     read: Callable[[Path, Corpus], object]
     text: bool = False
     cli: Callable[[Path, Corpus, Path], list[str]] | None = None
+    proto: bool = False        # a protobuf: field-level mutations too (mutate.PROTO_OPS)
 
 
 def _load_model(path: Path, corpus: Corpus):
@@ -31,6 +32,35 @@ def _load_model(path: Path, corpus: Corpus):
     import netrun.caffe  # noqa: F401  (registers the .prototxt format)
 
     return load_model(path)
+
+
+def _netdef_pb(path: Path, corpus: Corpus):
+    return read_netdef_pb(path.read_bytes(), str(path))
+
+
+def read_netdef_pb(data: bytes, where: str = "<fuzz>"):
+    """netdef_from_bytes, held to more than not crashing: a NetrunError is a clean refusal
+    (raised on), any other error a crash; a net it returns must write back to bytes that
+    read as the same net, and read the same from its text form (an AssertionError if not)."""
+    from netrun.errors import NetrunError
+    from netrun.proto.netdef_binary import netdef_from_bytes, netdef_to_bytes
+    from netrun.proto.pbtxt import netdef_from_text, netdef_to_text
+    from tests.netdefs import canonical
+
+    try:
+        net = netdef_from_bytes(data, where)
+    except NetrunError:
+        raise
+    except OSError as e:     # the runner counts OSError as clean; from bytes it is a bug
+        raise AssertionError(f"netdef_from_bytes raised {type(e).__name__}: {e}") from e
+    try:
+        again = netdef_from_bytes(netdef_to_bytes(net))
+        text = netdef_from_text(netdef_to_text(net))
+    except NetrunError as e:  # what the reader accepted, the writers and readers must take
+        raise AssertionError(f"a net read from .pb does not go round: {e}") from e
+    assert canonical(again) == canonical(net), "written back to .pb, the net reads otherwise"
+    assert canonical(text) == canonical(net), "written as .pbtxt, the net reads otherwise"
+    return net
 
 
 def _solver(path: Path, corpus: Corpus):
@@ -170,6 +200,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("netdef-yaml", _load_model, True, _convert),
     Target("ops-yaml", _load_model, True, _inspect),
     Target("netdef-pbtxt", _load_model, True, _inspect),
+    Target("netdef-pb", _netdef_pb, False, _inspect, proto=True),
     Target("caffe-prototxt", _load_model, True, _convert),
     Target("caffe-solver", _solver, True),
     Target("train-config", _config, True, _train),
