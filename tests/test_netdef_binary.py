@@ -147,6 +147,23 @@ def test_the_nets_device_option_goes_to_ops_without_one():
     assert netdef_from_bytes(msg.SerializeToString()).ops[0].device == "gpu"
 
 
+def test_a_device_option_given_twice_is_merged_as_protobuf_merges_it():
+    device = messages()["DeviceOption"]
+    first = device(device_type=1).SerializeToString()
+    second = device(device_id=3).SerializeToString()
+    msg = to_proto(NetDef("n", [op("Relu", "x", "y")]))
+    # Field 6 of OperatorDef and field 5 of NetDef, each written twice by hand.
+    op_bytes = msg.op[0].SerializeToString()
+    op_bytes += Writer().bytes(6, first).bytes(6, second).to_bytes()
+    twice = Writer().bytes(2, op_bytes).to_bytes()
+    merged = parse_proto(twice).op[0].device_option
+    assert (merged.device_type, merged.device_id) == (1, 3)          # protobuf's reading
+    assert netdef_from_bytes(twice).ops[0].device == "gpu:3"
+    net_level = to_proto(NetDef("n", [op("Relu", "x", "y")])).SerializeToString()
+    net_level += Writer().bytes(5, first).bytes(5, second).to_bytes()
+    assert netdef_from_bytes(net_level).ops[0].device == "gpu:3"
+
+
 @pytest.mark.parametrize("edit, fragment", [
     (lambda m: m.op[1].control_input.append("conv1"), r"op 1 \(Relu\) has a control input"),
     (lambda m: setattr(m.op[0], "domain", "aten"), "'aten' operator library"),

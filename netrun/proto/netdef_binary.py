@@ -147,26 +147,28 @@ def netdef_from_bytes(data: bytes | memoryview, where: str = "<bytes>") -> NetDe
 
 
 def _read_net(buf: memoryview) -> NetDef:
-    name, ops, inputs, outputs, device = "", [], [], [], None
+    name, ops, inputs, outputs, devices = "", [], [], [], []
     for number, wire, value in iter_fields(buf):
         if number == 1:
             name = _text(wire, value, "NetDef.name")
         elif number == 2:
             ops.append(_read_op(_message(wire, value, "NetDef.op"), len(ops)))
         elif number == 5:
-            device = _read_device(_message(wire, value, "NetDef.device_option"), "the net")
+            devices.append(bytes(_message(wire, value, "NetDef.device_option")))
         elif number == 7:
             inputs.append(_text(wire, value, "NetDef.external_input"))
         elif number == 8:
             outputs.append(_text(wire, value, "NetDef.external_output"))
         # the rest is skipped (netdef_rules.SKIPPED), and so is anything newer
+    # A message field given twice is merged, as protobuf does: the bytes read as one message.
+    device = _read_device(memoryview(b"".join(devices)), "the net") if devices else None
     return NetDef(name, with_net_device(ops, device), inputs, outputs)
 
 
 def _read_op(buf: memoryview, index: int) -> OperatorDef:
     fields: dict[str, list] = {"input": [], "output": [], "arg": []}
     scalars: dict[str, str] = {}
-    device = None
+    devices: list[bytes] = []
     for number, wire, value in iter_fields(buf):
         if number in (1, 2):
             fields["input" if number == 1 else "output"].append(
@@ -178,7 +180,7 @@ def _read_op(buf: memoryview, index: int) -> OperatorDef:
         elif number == 5:
             fields["arg"].append(_message(wire, value, "OperatorDef.arg"))
         elif number == 6:
-            device = _message(wire, value, "OperatorDef.device_option")
+            devices.append(bytes(_message(wire, value, "OperatorDef.device_option")))
         # 9 is_gradient_op, 10 debug_info, 12 op_version: skipped (netdef_rules.SKIPPED)
     label = op_label(index, scalars.get("name"), scalars.get("type"))
     check_op(label, scalars.get("type"), scalars.get("control_input"), scalars.get("domain"))
@@ -187,7 +189,7 @@ def _read_op(buf: memoryview, index: int) -> OperatorDef:
         add_arg(args, *_read_arg(arg, label), label)
     return OperatorDef(scalars["type"], tuple(fields["input"]), tuple(fields["output"]), args,
                        scalars.get("name", ""),
-                       None if device is None else _read_device(device, label),
+                       _read_device(memoryview(b"".join(devices)), label) if devices else None,
                        scalars.get("engine", ""))
 
 
