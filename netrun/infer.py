@@ -57,6 +57,8 @@ class Predictor:
         self.example_shape = tuple(spec[0]) if spec else None
         self.output_name = (outputs or [net.ops[-1].outputs[0]])[0]
         self.outputs_probabilities = bool(net.ops) and net.ops[-1].type == "Softmax"
+        # Class names the training data gave (a folder's subfolders), label = index.
+        self.classes: list[str] | None = None
         self.rewritten = bind_rewrite(net, ws, "inference", keep=[self.output_name], enabled=fuse)
         ws.create_net(self.rewritten.net, keep=[self.output_name])
 
@@ -70,8 +72,17 @@ class Predictor:
         config = info.meta.get("config")
         ws = Workspace(device, memory_plan=memory_plan, executor=executor)
         ckpt.load_blobs(ws, checkpoint, info.params, "params")
-        return cls(info.net("predict"), ws, model.get("inputs", {}), model.get("labels", []),
-                   model.get("outputs", []), config if isinstance(config, dict) else None, fuse)
+        predictor = cls(info.net("predict"), ws, model.get("inputs", {}),
+                        model.get("labels", []), model.get("outputs", []),
+                        config if isinstance(config, dict) else None, fuse)
+        predictor.classes = info.meta.get("classes")       # checked by read_info
+        return predictor
+
+    def class_name(self, index: int, count: int) -> str | None:
+        """The name of class `index` when the names fit the `count` outputs, else None."""
+        if self.classes is None or len(self.classes) != count:
+            return None
+        return self.classes[index]
 
     @classmethod
     def from_model(cls, path: str | os.PathLike, weights: str | os.PathLike,

@@ -130,3 +130,29 @@ def test_image_input_errors(trained):
     (tmp / "broken.png").write_bytes(b"not a png")
     result = run("infer", ckpt, str(tmp / "broken.png"), code=2)
     assert "broken.png" in result.output and "Traceback" not in result.output
+
+
+def test_class_names_of_a_folder_source_reach_the_predictions(trained):
+    tmp, _ = trained
+    lines = (tmp / "test.txt").read_text().split("\n")
+    for line in lines:                             # one subfolder per class, named after it
+        path, label = line.rsplit(" ", 1)
+        folder = tmp / "classes" / f"digit_{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / path.split("/")[-1]).write_bytes((tmp / path).read_bytes())
+    (tmp / "folder.yaml").write_text(f"""\
+model: tiny.yaml
+data: {{source: folder, train: classes, test: classes, color: false, batch_size: 10,
+        transform: {{scale: 0.00390625}}}}
+solver: {{type: sgd, base_lr: 0.05, momentum: 0.9, max_iter: 6, display: 0, seed: 1}}
+output: {tmp / 'run_folder'}
+""")
+    summary = json.loads(run("train", str(tmp / "folder.yaml"), "--json").stdout)
+    out = json.loads(run("infer", summary["checkpoint"], str(tmp / "classes"), "--json",
+                         "-k", "2").stdout)
+    first = out["predictions"][0]
+    assert [f"digit_{c}" for c, _ in first["top_k"]] == first["top_k_names"]
+    run("infer", summary["checkpoint"], str(tmp / "classes"), "-o", str(tmp / "p.csv"))
+    header, row = (tmp / "p.csv").read_text().splitlines()[:2]
+    assert header == "index,input,prediction,class,probability"
+    assert row.split(",")[3] == f"digit_{row.split(',')[2]}"

@@ -82,8 +82,11 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
     k = min(top_k, probs.shape[1])
     top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     scores = score(probs, inputs.labels) if inputs.labels is not None else None
+    named_classes = predictor.class_name(0, probs.shape[1]) is not None
     records = [{"index": i, **({"input": inputs.names[i]} if inputs.names else {}),
                 "top_k": [[int(c), float(probs[i, c])] for c in top[i]],
+                **({"top_k_names": [predictor.class_name(int(c), probs.shape[1]) for c in top[i]]}
+                   if named_classes else {}),
                 **({"label": int(inputs.labels[i])} if inputs.labels is not None else {})}
                for i in range(len(probs))]
     if output:
@@ -96,8 +99,8 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
     if not output:
         named = inputs.names is not None
         rows = [(r["index"], *([r["input"]] if named else []),
-                 " ".join(f"{c}:{p:.3f}" for c, p in r["top_k"]), r.get("label", ""))
-                for r in records[:SHOWN]]
+                 " ".join(f"{_class_text(r, j)}:{p:.3f}" for j, (_, p) in enumerate(r["top_k"])),
+                 r.get("label", "")) for r in records[:SHOWN]]
         console.table(["#", *(["input"] if named else []), f"top-{k} class:probability",
                        "label"], rows, right=["#"])
         if len(records) > SHOWN:
@@ -124,6 +127,13 @@ def _weights_of(model: str, weights: str | None, init_net: str | None) -> str:
     return weights or init_net
 
 
+def _class_text(record: dict, j: int) -> str:
+    """The j-th predicted class of a record: its name with its index, or the index."""
+    index = record["top_k"][j][0]
+    names = record.get("top_k_names")
+    return f"{names[j]} ({index})" if names else str(index)
+
+
 def _csv_field(text: str) -> str:
     """A CSV field, quoted when the text holds a comma, a quote or a line break."""
     if any(ch in text for ch in ',"\n\r'):
@@ -142,12 +152,15 @@ def _write(path: Path, probs, top, records) -> None:
         path.write_text(json_text(records, indent=None))
     elif path.suffix == ".csv":
         named, labelled = "input" in records[0], "label" in records[0]
-        lines = ["index" + (",input" if named else "") + ",prediction,probability"
-                 + (",label" if labelled else "")]
+        classes = "top_k_names" in records[0]
+        lines = ["index" + (",input" if named else "") + ",prediction"
+                 + (",class" if classes else "") + ",probability" + (",label" if labelled else "")]
         for r in records:
             c, p = r["top_k"][0]
             name = "," + _csv_field(r["input"]) if named else ""
-            lines.append(f"{r['index']}{name},{c},{p:.6f}" + (f",{r['label']}" if labelled else ""))
+            cls = "," + _csv_field(r["top_k_names"][0]) if classes else ""
+            lines.append(f"{r['index']}{name},{c}{cls},{p:.6f}"
+                         + (f",{r['label']}" if labelled else ""))
         path.write_text("\n".join(lines) + "\n")
     else:
         raise NetrunError(f"--output '{path}': use .npy, .npz, .json or .csv")

@@ -20,10 +20,10 @@ from netrun.errors import ConfigError, DataError
 from netrun.tools.db_records import (
     Progress,
     encoded_format,
-    read_class_names,
     record_images,
     record_kind,
 )
+from netrun.train.data.image_lists import read_class_names
 from netrun.util.atomic import atomic_open
 
 GRID_FORMATS = {".png": "png", ".jpg": "jpg", ".jpeg": "jpg"}

@@ -14,10 +14,6 @@ import numpy as np
 
 from netrun.errors import DataError
 
-# Written by `build_database` beside the database files for a folder input: one class name per
-# line, in label order. LMDB and LevelDB both ignore files they did not write.
-CLASSES_FILE = "classes.txt"
-
 # on_progress(done, total): called after each record or image, for progress bars.
 Progress = Callable[[int, int], None]
 
@@ -79,15 +75,3 @@ def encoded_format(data: bytes) -> str:
 _MAGIC = ((b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"BM", "bmp"),
           (b"GIF8", "gif"), (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"), (b"P5", "pgm"),
           (b"P6", "ppm"))
-
-
-def read_class_names(path: str | Path) -> list[str] | None:
-    """The class names `build_database` wrote beside a database, or None if there are none."""
-    file = Path(path) / CLASSES_FILE
-    if not file.is_file():
-        return None
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{file}: cannot read the class names ({e})") from None
-    return text.splitlines()

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from netrun.errors import ConfigError, DataError
-from netrun.tools.db_records import CLASSES_FILE, Progress, encoded_format
+from netrun.tools.db_records import Progress, encoded_format
+from netrun.train.data.image_lists import CLASSES_FILE
 from netrun.util.atomic import write_text_atomic
 
 ENCODE_TYPES = ("png", "jpg")

@@ -223,6 +223,7 @@ _META = {
     "best_accuracy": (_is_number, "a number"),
     "device": (lambda v: isinstance(v, str), "a string"),
     "netrun_version": (lambda v: isinstance(v, str), "a string"),
+    "classes": (lambda v: v is None or _is_strs(v), "a list of class names"),
 }
 _MODEL = {
     "name": (lambda v: isinstance(v, str), "a string"),

@@ -316,6 +316,7 @@ class Trainer:
             "lr": -float(self.ws.fetch_blob(LR)) if self.ws.has_blob(LR) else None,
             "best_accuracy": self.best_accuracy,
             "device": self.ws.device,
+            "classes": self.source.class_names,
         }
         ckpt.write_checkpoint(self.ws, path, params, optimizer, state, meta)
         return Path(path)

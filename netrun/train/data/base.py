@@ -58,6 +58,11 @@ class DataSource:
     def _load(self, part: str) -> Arrays:
         raise NotImplementedError
 
+    @property
+    def class_names(self) -> list[str] | None:
+        """The name of each class (label = index), where the data says; else None."""
+        return None
+
     def _classes(self, configured: int | None) -> int:
         """`configured`, else 1 + the largest label of the first part (read if needed)."""
         if configured is not None:

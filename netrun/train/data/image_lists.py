@@ -97,3 +97,20 @@ def _images_under(folder: Path) -> list[Path]:
         found += [Path(dirpath, f) for f in filenames
                   if not f.startswith(".") and f.lower().endswith(IMAGE_SUFFIXES)]
     return sorted(found)
+
+
+# Written by `netrun data build` into a database made from a folder of class subfolders: one
+# name per line, in label order. LMDB and LevelDB both ignore files they did not write.
+CLASSES_FILE = "classes.txt"
+
+
+def read_class_names(path: str | Path) -> list[str] | None:
+    """The class names `build_database` wrote beside a database, or None if there are none."""
+    file = Path(path) / CLASSES_FILE
+    if not file.is_file():
+        return None
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{file}: cannot read the class names ({e})") from None
+    return text.splitlines()

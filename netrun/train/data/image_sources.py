@@ -18,7 +18,12 @@ from netrun.train.data.base import Arrays, DataSource, SourceRequest, as_labels,
 from netrun.train.data.databases import DatabaseReader
 from netrun.train.data.datum import datum_image, datum_label, decode_datum
 from netrun.train.data.image_arrays import DatumArray, ImageFileArray, PackedBytes
-from netrun.train.data.image_lists import class_names, folder_images, read_list_file
+from netrun.train.data.image_lists import (
+    class_names,
+    folder_images,
+    read_class_names,
+    read_list_file,
+)
 from netrun.train.data.images import read_image
 from netrun.train.data.paths import expand_path
 
@@ -49,6 +54,11 @@ class DatabaseSource(DataSource):
     def describe(self) -> str:
         """One line for logs."""
         return ", ".join(f"{p}: {f}" for p, f in self.folders.items())
+
+    @property
+    def class_names(self) -> list[str] | None:  # type: ignore[override]
+        """The names `netrun data build` wrote beside the first part's records, if any."""
+        return read_class_names(self.folders[self.parts[0]])
 
     def _load(self, part: str) -> Arrays:
         folder = self.folders[part]
@@ -107,8 +117,10 @@ class ImageFilesSource(DataSource):
         return self._classes(self._num_classes)
 
     @property
-    def class_names(self) -> list[str]:
-        """The class folder names, label = index (folder source only)."""
+    def class_names(self) -> list[str] | None:  # type: ignore[override]
+        """The class folder names, label = index (folder source; None for a list file)."""
+        if self.name != "folder":
+            return None
         if self._class_names is None:
             self._class_names = class_names(self.places[self.parts[0]])
         return self._class_names
