@@ -152,3 +152,21 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_script_without_a_main_guard_fails_fast_with_the_reason(tmp_path):
+    """Spawned workers import the user's script; unguarded, it would start workers again.
+    That must end in a message, not a hang (multiprocessing blocks forever writing a large
+    start-up payload to a child that died before reading it)."""
+    import subprocess
+    import sys
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import numpy as np\n"
+        "from netrun.train.data import BatchLoader\n"
+        "x = np.zeros((4000, 3, 16, 16), np.uint8); y = np.zeros(4000, np.int32)\n"
+        "print(next(BatchLoader((x, y), 8, workers=1))[0].shape)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert 'if __name__ == "__main__":' in done.stderr

@@ -33,6 +33,8 @@ Position = tuple[int, int]
 # What a worker needs to make the batch at a position into given output arrays.
 MakeBatch = Callable[[Position, list], Any]
 
+# The batch number of a worker's failure to take the recipe (before any batch).
+RECIPE = -1
 # How long the parent waits for a result before it looks whether the workers still live.
 _POLL_S = 0.5
 _JOIN_S = 5.0
@@ -57,9 +59,20 @@ class SlotLayout:
                 for (shape, dtype), off in zip(self.specs, self.offsets)]
 
 
-def _worker_main(make_batch: MakeBatch, shm_name: str, layout: SlotLayout, tasks, results,
-                 threads: int) -> None:
-    """A worker: make each (batch number, position, slot) task's batch in its slot."""
+def _receive(tasks, parent: int) -> Any:
+    """The next message for this worker; None once the training process is gone."""
+    while True:
+        try:
+            return tasks.get(timeout=_POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent:      # the training process died (kill -9): go too
+                return None
+
+
+def _worker_main(shm_name: str, layout: SlotLayout, tasks, results, threads: int,
+                 parent: int) -> None:
+    """A worker: take the batch recipe, then make each (batch number, position, slot) task's
+    batch in its slot."""
     # Spawned workers share the parent's resource tracker, which records the block once (a
     # set): the parent's unlink is the one that counts, so a worker that dies leaks nothing.
     shm = shared_memory.SharedMemory(name=shm_name)
@@ -72,15 +85,16 @@ def _worker_main(make_batch: MakeBatch, shm_name: str, layout: SlotLayout, tasks
     # Ctrl-C reaches the whole process group: the training process handles it (it finishes
     # the step and writes a checkpoint) and then stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
+    # `parent` comes from the parent itself: one that died while this worker was still
+    # starting would otherwise look like the parent (init) from the first look on.
     try:
-        while True:
-            try:
-                task = tasks.get(timeout=_POLL_S)
-            except queue.Empty:
-                if os.getppid() != parent:      # the training process died (kill -9): go too
-                    return
-                continue
+        try:
+            make_batch: MakeBatch | None = _receive(tasks, parent)
+        except Exception as e:   # noqa: BLE001  (a recipe that does not unpickle here)
+            results.put((RECIPE, _describe(e)))
+            return
+        while make_batch is not None:
+            task = _receive(tasks, parent)
             if task is None:
                 return
             number, pos, slot = task
@@ -133,10 +147,14 @@ class WorkerPool:
         try:
             for k, tasks in enumerate(self.tasks):
                 proc = ctx.Process(target=_worker_main, name=f"netrun-data-{k}", daemon=True,
-                                   args=(make_batch, self.shm.name, layout, tasks, self.results,
-                                         threads))
+                                   args=(self.shm.name, layout, tasks, self.results, threads,
+                                         os.getpid()))
                 proc.start()
                 self.procs.append(proc)
+                # The recipe (arrays included) goes through the queue, not the start-up pipe:
+                # multiprocessing blocks forever writing a large start-up payload to a child
+                # that died before reading it; a queue's writer is a thread that never blocks us.
+                tasks.put(make_batch)
             for _ in range(self.depth):
                 self._submit()
         except BaseException:
@@ -159,6 +177,8 @@ class WorkerPool:
             except queue.Empty:
                 self._check_alive(number)
                 continue
+            if got == RECIPE:
+                raise _rebuild(*error)
             self._done[got] = error
         error = self._done.pop(number)
         if error is not None:
@@ -175,7 +195,9 @@ class WorkerPool:
             raise NetrunError(f"data worker {proc.name} stopped (exit code {proc.exitcode}) "
                               f"before handing over batch {number}; the training data could "
                               f"not be read (killed for memory?). Try data.workers: 0 to read "
-                              f"in the training process and see the error")
+                              f"in the training process and see the error. From a script of "
+                              f"your own: workers are spawned and import your script, so its "
+                              f"training code must be under `if __name__ == \"__main__\":`")
 
     def close(self) -> None:
         """Stop the workers and free the shared memory; safe to call twice."""
