@@ -10,7 +10,7 @@ import numpy as np
 
 from netrun.caffe import data_config
 from netrun.core.workspace import Workspace
-from netrun.errors import NetrunError
+from netrun.errors import NetrunError, ShapeError
 from netrun.model import load_model
 from netrun.rewrite import bind_rewrite
 from netrun.train import checkpoint as ckpt
@@ -130,6 +130,25 @@ class Predictor:
         e = np.exp(scores)
         return e / e.sum(axis=1, keepdims=True)
 
+    def fit_for_transform(self, data: np.ndarray, tf) -> np.ndarray:
+        """`data` as a batch that `tf` turns into the model's input: a crop makes the
+        examples smaller than the input, so they are checked after the transform."""
+        want = self.example_shape
+        if want is None:
+            return data
+        candidates = [data]
+        if data.ndim == len(want):              # one example, or N x H x W for a 1-channel net
+            candidates += [data[None]] + ([data[:, None]] if want[0] == 1 else [])
+        for batch in candidates:
+            try:
+                if tuple(tf.output_shape(batch.shape[1:])) == tuple(want):
+                    return batch
+            except ShapeError:
+                continue
+        raise NetrunError(f"input has examples of shape {'×'.join(map(str, data.shape[1:]))}, "
+                          f"which the training transform ({tf}) does not turn into the "
+                          f"model's '{self.input_name}' input {'×'.join(map(str, want))}")
+
     def _fit_shape(self, data: np.ndarray) -> np.ndarray:
         want = self.example_shape
         if want is None or tuple(data.shape[1:]) == want:
@@ -163,7 +182,7 @@ def load_inputs(spec: str, predictor: Predictor, data_dir: str | None = None,
         data, labels = _read_spec(spec, predictor, data_dir)
     warnings = _range_warnings(data, tf, spec) if path.suffix in ARRAY_SUFFIXES else []
     if tf is not None:
-        data = _apply(tf, predictor._fit_shape(np.asarray(data, dtype=np.float32)))
+        data = _apply(tf, predictor.fit_for_transform(np.asarray(data, np.float32), tf))
     return Inputs(np.asarray(data, dtype=np.float32), labels, spec, None, warnings)
 
 

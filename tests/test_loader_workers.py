@@ -170,3 +170,17 @@ def test_a_script_without_a_main_guard_fails_fast_with_the_reason(tmp_path):
                           timeout=120)
     assert done.returncode != 0
     assert 'if __name__ == "__main__":' in done.stderr
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_shards_of_the_ranks_make_the_whole_batch(workers):
+    """Each rank makes its slice of the global batch, crops and flips included."""
+    data, label = images(90)
+    whole = take(BatchLoader((data, label), 24, seed=5, transform=TRANSFORM), 6)
+    shards = [take(BatchLoader((data, label), 24, seed=5, transform=TRANSFORM,
+                               shard=(rank, 3), workers=workers), 6) for rank in range(3)]
+    for k, (x, y) in enumerate(whole):
+        np.testing.assert_array_equal(np.concatenate([s[k][0] for s in shards]), x)
+        np.testing.assert_array_equal(np.concatenate([s[k][1] for s in shards]), y)
+    with pytest.raises(NetrunError, match="cannot be split evenly over 5 ranks"):
+        BatchLoader((data, label), 24, shard=(0, 5))

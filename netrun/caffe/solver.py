@@ -80,7 +80,7 @@ def solver_to_config(path: str | Path, data_override: dict | None = None,
     if weights:
         raw["weights"] = str(weights)
     return TrainConfig(model=str(net), data=data, solver=solver, device="cpu", output=output,
-                       raw=raw, path=str(path))
+                       raw=raw, path=str(path), batch_per_rank=True)
 
 
 def _net_path(f: Fields, solver: Path) -> Path:

@@ -55,6 +55,18 @@ class NetrunGroup(click.Group):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context):
+        from netrun.train.dist import abort_on_error, launched_size
+
+        if launched_size() == 1:
+            return self._invoke(ctx)
+        # One rank of a data-parallel job: an error that ends this rank ends them all (the
+        # others would wait for it in their next exchange).
+        from netrun.train.dist import world
+
+        with abort_on_error(world()):
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except NetrunError as e:
@@ -91,6 +103,10 @@ class NetrunGroup(click.Group):
               help="Force colour on or off (default: on for terminals, off with NO_COLOR).")
 def cli(debug: bool, verbose: int, quiet: int, color: bool | None) -> None:
     """netrun: run deep-learning models written as layer YAML or Caffe2/Caffe nets."""
+    from netrun.train.dist import launched_rank
+
+    # In a data-parallel job rank 0 speaks for all; the others say only what goes wrong.
+    quiet += 1 if launched_rank() != 0 else 0
     console.configure(color=color, verbosity=verbose - quiet, debug=debug)
 
 

@@ -49,12 +49,28 @@ from netrun.cli.signals import StopRequest, signal_name
               help="Run nets in order (simple) or as a dependency graph on worker threads "
                    "(dag); as `executor:` in the config.")
 @algo_options
+@click.option("--nproc", type=click.IntRange(min=1), metavar="N",
+              help="Train as N data-parallel processes on this machine: the same command "
+                   "run N times by MPI's mpiexec, each with cores/N threads (NETRUN_THREADS "
+                   "unless set). Needs the dist extra. Across machines: mpiexec -n N -hosts "
+                   "a,b netrun train CONFIG.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def train(config, device, output, resume, force, allow_changes, overrides, max_iter, data_dir,
           data_spec, weights, weights_partial, no_fuse, no_memory_plan, executor, algo_search,
-          workspace_limit, tf32, as_json):
+          workspace_limit, tf32, nproc, as_json):
     """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
+    if nproc is not None and nproc > 1:
+        # Before anything else (signal handlers, data): this process only starts the ranks.
+        from netrun.train.dist import launch  # lazy
+
+        status = launch.launch(nproc, _command_line(click.get_current_context(), "nproc"),
+                               note=console.detail)
+        note = launch.failure_note(status, nproc)
+        if note:
+            console.warn(note)
+        raise click.exceptions.Exit(status)
     from netrun.train import run_folder  # lazy
+    from netrun.train.dist import launched_rank  # lazy
     from netrun.train.config import load_config, with_overrides  # lazy
     from netrun.train.trainer import Callbacks, Interrupted, Trainer  # lazy
 
@@ -87,7 +103,8 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
     folder = Path(output or cfg.output)
     if force and resume:
         abort("--force starts a new run and --resume continues one: give only one of them")
-    for p in run_folder.remove_stale_temps(folder):
+    root = launched_rank() == 0       # the rank that writes the run folder
+    for p in (run_folder.remove_stale_temps(folder) if root else []):
         console.detail(f"removed {p}, left behind by a stopped run")
     auto = resume == "auto"
     if auto:
@@ -119,7 +136,7 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
         console.warn(f"stopped by {signal_name(stop.first)} before training started; "
                      f"nothing was written")
         raise click.exceptions.Exit(128 + stop.first)
-    if force:
+    if force and root:
         removed = run_folder.clear(folder)
         if removed:
             console.info(f"--force: deleted {len(removed)} checkpoint(s) of the previous run "
@@ -174,6 +191,8 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
         "test_metrics": test.metrics if test else {}, "best_accuracy": trainer.best_accuracy,
         "checkpoint": str(Path(trainer.output) / "last.h5"), "output": str(trainer.output),
     }
+    if not trainer.is_root:
+        return                        # rank 0 reports for the job
     if as_json:
         console.json(summary)
     else:
@@ -181,6 +200,45 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
         console.line(f"done: {trainer.iteration} iterations in {seconds:.1f} s"
                      + (f", test accuracy {acc:.2%}" if acc is not None else "")
                      + f"; checkpoint {summary['checkpoint']}")
+
+
+def _command_line(ctx: click.Context, drop: str) -> list[str]:
+    """The arguments that gave `ctx` (from `netrun`'s options on), without option `drop`:
+    rebuilt from what click parsed, so it holds under CliRunner too (no sys.argv there)."""
+    chain = []
+    while ctx is not None:
+        chain.append(ctx)
+        ctx = ctx.parent
+    args: list[str] = []
+    for level, c in enumerate(reversed(chain)):
+        if level:
+            args.append(c.info_name)
+        positional: list[str] = []
+        for p in c.command.params:
+            if p.name == drop or not p.expose_value or p.name not in c.params:
+                continue
+            if c.get_parameter_source(p.name) is not click.core.ParameterSource.COMMANDLINE:
+                continue
+            value = c.params[p.name]
+            if isinstance(p, click.Argument):
+                positional += [str(v) for v in (value if p.nargs != 1 else [value])]
+                continue
+            name = max(p.opts, key=len)
+            if p.is_flag and p.secondary_opts and not value:
+                args.append(max(p.secondary_opts, key=len))
+            elif p.is_flag:
+                args += [name] if value else []
+            elif p.count:
+                args += [name] * value
+            elif p.multiple:
+                for v in value:
+                    args += [name, str(v)]
+            else:
+                args += [name, str(value)]
+        if any(a.startswith("-") for a in positional):
+            args.append("--")     # so a path like -x.yaml is not read as an option
+        args += positional
+    return args
 
 
 def _data_override(spec: str | None) -> dict | None:

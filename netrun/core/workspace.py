@@ -8,6 +8,7 @@ import numpy as np
 
 from netrun.backends import get_backend
 from netrun.conv.state import ConvState
+from netrun.core.comm import Communicator, SingleProcess
 from netrun.core.dag import EXECUTORS, DagNet, make_net
 from netrun.core.memory import WorkspaceMemory
 from netrun.core.net import SimpleNet
@@ -21,8 +22,13 @@ class Workspace:
     """Owns every blob and buffer; nets and operators only borrow them."""
 
     def __init__(self, device: str = "cpu", seed: int | None = None, memory_plan: bool = False,
-                 plan_debug: bool | None = None, executor: str = "simple"):
+                 plan_debug: bool | None = None, executor: str = "simple",
+                 comm: Communicator | None = None):
         shared = get_backend(device)
+        # The other processes of a data-parallel job (collective ops use it); one: itself.
+        self.comm: Communicator = comm if comm is not None else SingleProcess()
+        # Collectives started and not yet waited for: bucket name -> (request, buffer).
+        self.collectives: dict[str, tuple] = {}
         # How create_net runs nets by default: 'simple' (in order) or 'dag' (netrun.core.dag).
         self.executor = check_executor(executor)
         # Output buffers and scratch: planned per net, carved from this workspace's blocks.

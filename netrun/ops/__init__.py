@@ -11,6 +11,7 @@ from netrun.core.registry import find_kernel
 from netrun.ops import (  # noqa: F401
     activation,
     caffe_ops,
+    collective,
     conv,
     db,
     dropout,

@@ -67,6 +67,9 @@ class TrainConfig:
     fuse: bool = True                # bind-time fusions (netrun.rewrite); false: nets as written
     memory_plan: bool = True         # activations share memory by lifetime (netrun.core.lifetimes)
     executor: str = "simple"         # how nets run: in order, or as a graph (netrun.core.dag)
+    # data.batch_size is the whole batch of a step, split over the ranks of a data-parallel
+    # job; a Caffe solver keeps Caffe's meaning instead: each rank's (GPU's) batch.
+    batch_per_rank: bool = False
     raw: dict = field(default_factory=dict)
     path: str | None = None
 

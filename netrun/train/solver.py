@@ -11,6 +11,7 @@ lets `profile` attribute time to forward, backward and update.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from netrun.core.gradient import add_gradient_ops
@@ -48,8 +49,19 @@ def to_test_mode(ops: list[OperatorDef]) -> list[OperatorDef]:
     return out
 
 
-def build_training(model, cfg: SolverConfig) -> TrainingNets:
-    """Build init/step/update/test nets for `model` (from netrun.load_model) and `cfg`."""
+# Gradients travel in buckets of about this many bytes (PyTorch DDP's default, 25 MB): large
+# enough that the per-message latency is paid rarely, small enough that the first bucket
+# leaves early in the backward pass.
+BUCKET_BYTES = 25 << 20
+
+
+def build_training(model, cfg: SolverConfig, ranks: int = 1,
+                   bucket_bytes: int = BUCKET_BYTES) -> TrainingNets:
+    """Build init/step/update/test nets for `model` (from netrun.load_model) and `cfg`.
+
+    With `ranks` > 1 (data-parallel training), the gradients are averaged over the ranks
+    before the update: in buckets started as soon as backward has produced them.
+    """
     if not model.loss:
         raise ConfigError(f"model '{model.name}' has no loss; training needs one")
     params = [p.name for p in model.params if p.trainable]
@@ -76,6 +88,12 @@ def build_training(model, cfg: SolverConfig) -> TrainingNets:
     init.ops.append(op("ConstantFill", [], [ONE], shape=[], value=1.0))
     if cfg.iter_size > 1:
         grads = _accumulate(init, step, update, {p: grads[p] for p in params}, cfg.iter_size)
+    if ranks > 1:
+        sizes = {p.name: math.prod(p.shape) if p.shape else 0 for p in model.params}
+        if cfg.iter_size > 1:          # sums over several passes: one exchange, before updates
+            update.ops[:0] = _allreduce_ops([grads[p] for p in params], 0)
+        else:
+            step.ops = _with_allreduce(step.ops, params, grads, sizes, bucket_bytes)
     _weight_decay(init, update, params, grads, cfg, meta)
     if cfg.clip_gradients > 0:
         update.ops.append(op("ClipGradientsByNorm", [grads[p] for p in params],
@@ -86,6 +104,45 @@ def build_training(model, cfg: SolverConfig) -> TrainingNets:
     # As in Caffe, the counter moves after the update: step 0 uses policy(0) and Adam's t=1.
     update.ops.append(op("Iter", [ITER], [ITER]))
     return TrainingNets(init, step, update, test, params, grads, state, [ITER], n_forward)
+
+
+def _allreduce_ops(names: list[str], k: int) -> list[OperatorDef]:
+    """Start and wait of bucket k over the gradient blobs `names`."""
+    token = f"__allreduce_{k}"
+    return [op("AllreduceStart", names, [token], bucket=f"b{k}"),
+            op("AllreduceWait", [token, *names], names, bucket=f"b{k}")]
+
+
+def _with_allreduce(ops: list[OperatorDef], params: list[str], grads: dict[str, str],
+                    sizes: dict[str, int], bucket_bytes: int) -> list[OperatorDef]:
+    """`ops` (forward and backward) with the gradients averaged over the ranks: buckets in
+    the order backward finishes the gradients, each started right after the op that
+    finishes its last one, all waited for at the end."""
+    done = {}
+    for i, o in enumerate(ops):
+        for name in o.outputs:
+            done[name] = i                       # the last write of each blob
+    order = sorted(params, key=lambda p: done[grads[p]])
+    buckets, current, nbytes = [], [], 0
+    for p in order:
+        current.append(grads[p])
+        nbytes += 4 * sizes.get(p, 0)
+        if nbytes >= bucket_bytes:
+            buckets.append(current)
+            current, nbytes = [], 0
+    if current:
+        buckets.append(current)
+    starts: dict[int, list[OperatorDef]] = {}
+    waits = []
+    for k, names in enumerate(buckets):
+        start, wait = _allreduce_ops(names, k)
+        starts.setdefault(max(done[n] for n in names), []).append(start)
+        waits.append(wait)
+    out = []
+    for i, o in enumerate(ops):
+        out.append(o)
+        out += starts.get(i, [])
+    return out + waits
 
 
 def _accumulate(init: NetDef, step: NetDef, update: NetDef, grads: dict[str, str],

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import warnings
 import dataclasses
@@ -29,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from netrun.core.comm import Communicator
 from netrun.core.workspace import Workspace
 from netrun.errors import CheckpointError, NetrunError
 from netrun.model import load_model
@@ -43,6 +45,7 @@ from netrun.train.data import (
     make_source,
     make_transform,
 )
+from netrun.train.dist import world
 from netrun.train.resume_check import check_resume
 from netrun.train.solver import LR, TrainingNets, build_training
 from netrun.version import __version__
@@ -119,18 +122,26 @@ class Trainer:
     resumed_from: str | None = None
     # What the bind-time rewrites did to the train and test nets (empty when fuse is off).
     rewrites: dict[str, Rewritten] = field(default_factory=dict)
+    # The processes of a data-parallel job (None: the one this process was launched into).
+    comm: Communicator | None = None
 
     def __post_init__(self):
         cfg = self.config
         self.device = self.device or cfg.device
         self.output = Path(self.output or cfg.output)
+        if self.comm is None:
+            self.comm = world()
+        # Rank 0 tests, logs and writes checkpoints; every rank trains on its shard.
+        self.is_root = self.comm.rank == 0
         self.model = load_model(cfg.model)
-        self.nets = build_training(self.model, cfg.solver)
+        self.nets = build_training(self.model, cfg.solver, ranks=self.comm.size)
         self.ws = Workspace(self.device, seed=cfg.solver.seed, memory_plan=cfg.memory_plan,
-                            executor=cfg.executor)
+                            executor=cfg.executor, comm=self.comm)
         self.bound = self._rewritten_nets(cfg.fuse)
         data = dict(cfg.data)
         self.batch_size = int(data.pop("batch_size", 64))
+        if cfg.batch_per_rank:
+            self.batch_size *= self.comm.size
         self.test_batch_size = int(data.pop("test_batch_size", self.batch_size))
         config_dir = Path(cfg.path).parent if cfg.path else None
         self.transform = make_transform(data.pop("transform", None), config_dir)
@@ -141,7 +152,8 @@ class Trainer:
         self.loader = BatchLoader(train, self.batch_size,
                                   shuffle=bool(data.get("shuffle", self.source.shuffle)),
                                   seed=cfg.solver.seed, transform=self.transform,
-                                  reuse_buffers=True, workers=data_workers(data, train[0]))
+                                  reuse_buffers=True, workers=data_workers(data, train[0]),
+                                  shard=(self.comm.rank, self.comm.size))
         self.iteration = 0
         self._started = False
 
@@ -154,7 +166,7 @@ class Trainer:
         nets = self.nets
         if train.fired:
             nets = build_training(with_train_net(self.model, train.net),
-                                  self.config.solver)
+                                  self.config.solver, ranks=self.comm.size)
             nets.step.name, nets.update.name = self.nets.step.name, self.nets.update.name
         # The test net's shapes come from the parameters themselves at bind (they exist then).
         keep = [self.model.loss, *self.model.metrics]
@@ -182,8 +194,19 @@ class Trainer:
         for net in (self.bound.step, self.bound.update, self.bound.test):
             ws.create_net(net, keep=keep)
         changes = self.restore(resume, allow_changes) if resume else []
+        if self.comm.size > 1:
+            self._broadcast_state()
         self._started = True
         return changes
+
+    def _broadcast_state(self) -> None:
+        """Every rank starts from rank 0's parameters and optimizer state (a fresh start
+        makes them equal anyway, from the same seed; this makes sure)."""
+        for name in (*self.model.param_names, *self.nets.optimizer_state):
+            value = self.ws.get_blob(name)
+            host = np.ascontiguousarray(self.ws.backend.to_host(value))
+            self.comm.broadcast(host)
+            self.ws.feed_blob(name, host)
 
     def _checkpoint_blobs(self) -> tuple[list[str], list[str], list[str]]:
         return list(self.model.param_names), list(self.nets.optimizer_state), list(self.nets.state)
@@ -248,6 +271,10 @@ class Trainer:
             ws.run_net(nets.step.name)
             loss += float(ws.fetch_blob(self.model.loss))
         loss /= cfg.iter_size
+        if self.comm.size > 1:          # the whole batch's loss: the mean of the shards'
+            total = np.array([loss], np.float64)
+            self.comm.allreduce_sum(total)
+            loss = float(total[0]) / self.comm.size
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"the loss became {loss} at iteration {self.iteration}; "
                                 f"training stopped (lower solver.base_lr, or check the data). "
@@ -322,9 +349,12 @@ class Trainer:
         return Path(path)
 
     def snapshot(self, why: str, callbacks: Callbacks | None = None) -> Path:
-        """Write iter_<N>.h5 and point last.h5 at it."""
-        self.output.mkdir(parents=True, exist_ok=True)
+        """Write iter_<N>.h5 and point last.h5 at it (rank 0 writes; the others name it)."""
         path, last = self.output / f"iter_{self.iteration}.h5", self.output / "last.h5"
+        if not self.is_root:
+            self.saved = (self.iteration, path)
+            return path
+        self.output.mkdir(parents=True, exist_ok=True)
         self.writing = f"{path.name} and {last.name}"
         try:
             self.save(path)
@@ -350,9 +380,10 @@ class Trainer:
         max_iter = cfg.max_iter if max_iter is None else max_iter
         if not self._started:
             self.start()
-        self.output.mkdir(parents=True, exist_ok=True)
         first = self.iteration
-        log = open(self.output / "metrics.jsonl", "a")
+        if self.is_root:
+            self.output.mkdir(parents=True, exist_ok=True)
+        log = open(self.output / "metrics.jsonl" if self.is_root else os.devnull, "a")
         last_test = None
         try:
             self._log(log, {"event": "start", "iter": self.iteration,
@@ -385,9 +416,15 @@ class Trainer:
             self.loader.close()
         return last_test
 
-    @staticmethod
-    def _poll_stop(callbacks: Callbacks) -> None:
-        if callbacks.should_stop is not None and callbacks.should_stop():
+    def _poll_stop(self, callbacks: Callbacks) -> None:
+        stop = callbacks.should_stop is not None and callbacks.should_stop()
+        if self.comm.size > 1:
+            # The ranks stop at the same step, or those going on would wait for the others
+            # in the next exchange forever: any rank's request stops them all.
+            flag = np.array([1.0 if stop else 0.0])
+            self.comm.allreduce_sum(flag)
+            stop = flag[0] > 0
+        if stop:
             raise KeyboardInterrupt
 
     def _stop_here(self, first: int, callbacks: Callbacks) -> Interrupted:
@@ -406,7 +443,9 @@ class Trainer:
                                "(the files keep their previous contents)")
         return Interrupted(self.iteration, path)
 
-    def _test_and_log(self, log, callbacks: Callbacks) -> TestResult:
+    def _test_and_log(self, log, callbacks: Callbacks) -> TestResult | None:
+        if not self.is_root:           # rank 0 tests; the others wait in the next exchange
+            return None
         result = self.test(self.config.solver.test_iter)
         self._log(log, {"iter": result.iteration, "test_loss": result.loss, **{
             f"test_{k}": v for k, v in result.metrics.items()}})

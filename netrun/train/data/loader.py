@@ -28,8 +28,12 @@ class _Sampler:
     """Builds the batch at a position; holds no reference to the loader (see BatchLoader)."""
 
     def __init__(self, arrays: Sequence[Any], batch_size: int, shuffle: bool, seed: int,
-                 transform: Transform | None, drop_last: bool, train: bool, ring: int):
-        self.arrays, self.batch_size, self.shuffle, self.seed = arrays, batch_size, shuffle, seed
+                 transform: Transform | None, drop_last: bool, train: bool, ring: int,
+                 shard: tuple[int, int] = (0, 1)):
+        # batch_size is the whole (global) batch; this process makes its `shard` of it.
+        self.arrays, self.global_batch, self.shuffle, self.seed = arrays, batch_size, shuffle, seed
+        self.rank, self.ranks = shard
+        self.batch_size = batch_size // self.ranks
         self.transform, self.drop_last, self.train = transform, drop_last, train
         self.size = len(arrays[0])
         self._orders: dict[int, np.ndarray] = {}
@@ -47,9 +51,9 @@ class _Sampler:
     def indices(self, pos: Position) -> tuple[np.ndarray, Position]:
         """Example indices of the batch at `pos` and the position after it."""
         epoch, index = pos
-        if self.drop_last and index + self.batch_size > self.size:
+        if self.drop_last and index + self.global_batch > self.size:
             epoch, index = epoch + 1, 0               # skip the epoch's incomplete tail
-        parts, need = [], self.batch_size
+        parts, need = [], self.global_batch
         while need:
             take = min(need, self.size - index)
             parts.append(self.order(epoch)[index:index + take])
@@ -86,12 +90,16 @@ class _Sampler:
               ) -> tuple[Batch, Position]:
         """The ready batch at `pos` (float32 data first) and the position after it."""
         idx, after = self.indices(pos)
+        start = self.rank * self.batch_size
+        if self.ranks > 1:
+            idx = idx[start:start + self.batch_size]
         out = out if out is not None else self._outputs()
         data = self.arrays[0][idx]
         if self.transform is not None and not self.transform.identity:
             # Crops and flips come from a generator keyed by the batch's own position.
             rng = np.random.default_rng([self.seed, pos[0], pos[1], 0x7F4A])
-            first = self.transform(data, rng, self.train, out=out[0] if out else None)
+            shard = {"part": (start, self.global_batch)} if self.ranks > 1 else {}
+            first = self.transform(data, rng, self.train, out=out[0] if out else None, **shard)
         else:
             first = data.astype(np.float32, copy=False)
             if out:
@@ -202,7 +210,8 @@ class BatchLoader:
     def __init__(self, arrays: Sequence[Any], batch_size: int, shuffle: bool = True,
                  seed: int = 0, transform: Transform | None = None, drop_last: bool = False,
                  prefetch: bool = True, train: bool = True, depth: int = 3,
-                 reuse_buffers: bool = False, workers: int = 0):
+                 reuse_buffers: bool = False, workers: int = 0,
+                 shard: tuple[int, int] = (0, 1)):
         arrays = tuple(arrays)
         if not arrays or len(arrays[0]) == 0:
             raise NetrunError("BatchLoader: the dataset is empty")
@@ -217,6 +226,11 @@ class BatchLoader:
                               f"{len(arrays[0])} examples leaves no batch")
         if not 1 <= depth <= 16:
             raise NetrunError(f"BatchLoader: prefetch depth must be 1..16, got {depth}")
+        rank, ranks = shard
+        if not 0 <= rank < ranks or int(batch_size) % ranks:
+            raise NetrunError(f"BatchLoader: a batch of {batch_size} cannot be split evenly "
+                              f"over {ranks} ranks (rank {rank}); make batch_size a multiple "
+                              f"of the number of ranks")
         if not 0 <= int(workers) <= 64:
             raise NetrunError(f"BatchLoader: workers must be 0..64, got {workers}")
         self.batch_size, self.shuffle, self.seed = int(batch_size), bool(shuffle), int(seed)
@@ -225,7 +239,7 @@ class BatchLoader:
         # Ring size: the consumer's batch + `depth` queued + one being filled.
         ring = (depth + 2 if prefetch else 1) if reuse_buffers else 0
         self._sampler = _Sampler(arrays, self.batch_size, self.shuffle, self.seed, transform,
-                                 bool(drop_last), bool(train), ring)
+                                 bool(drop_last), bool(train), ring, shard)
         self._pos: Position = (0, 0)
         self._holder = _Holder()
         self._finalizer = weakref.finalize(self, self._holder.close)

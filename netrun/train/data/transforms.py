@@ -67,8 +67,14 @@ class Transform:
                              f"but the data is {' x '.join(map(str, shape))} (uncropped)")
 
     def __call__(self, x: np.ndarray, rng: np.random.Generator | None = None,
-                 train: bool = True, out: np.ndarray | None = None) -> np.ndarray:
-        """Transform a batch (N, ...) into float32 `out` (allocated when None)."""
+                 train: bool = True, out: np.ndarray | None = None,
+                 part: tuple[int, int] | None = None) -> np.ndarray:
+        """Transform a batch (N, ...) into float32 `out` (allocated when None).
+
+        `part` = (start, total): `x` is examples start..start+N of a batch of `total`, whose
+        random crops and flips are drawn for the whole batch (a rank's share of a global
+        batch gets exactly the crops the whole batch would give it in one process).
+        """
         n = x.shape[0]
         out_shape = (n, *self.output_shape(x.shape[1:]))
         if out is None:
@@ -80,7 +86,7 @@ class Transform:
         else:
             if rng is None and train:
                 raise ValueError("a training-mode crop or mirror needs a random generator")
-            rows, cols = self._indices(x.shape, rng, train)
+            rows, cols = self._indices(x.shape, rng, train, part)
             b = np.arange(n)[:, None, None, None]
             c = np.arange(x.shape[1])[None, :, None, None]
             r, w = rows[:, None, :, None], cols[:, None, None, :]
@@ -103,21 +109,26 @@ class Transform:
             return self.mean.reshape(1, -1, *([1] * (ndim - 2)))  # (1, C, 1, 1)
         return self.mean.reshape(1, *self.mean.shape) if self.mean.ndim >= 2 else self.mean
 
-    def _indices(self, shape: tuple, rng: np.random.Generator | None,
-                 train: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _indices(self, shape: tuple, rng: np.random.Generator | None, train: bool,
+                 part: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Source row and column of every output pixel: (N, crop_h), (N, crop_w)."""
         n, _, h, w = shape
+        start, total = part or (0, n)
+
+        def draw(high: int) -> np.ndarray:
+            return rng.integers(0, high, total)[start:start + n]
+
         ch, cw = (self.crop_size, self.crop_size) if self.crop_size else (h, w)
         if train and self.crop_size:
-            h_off = rng.integers(0, h - ch + 1, n)
-            w_off = rng.integers(0, w - cw + 1, n)
+            h_off = draw(h - ch + 1)
+            w_off = draw(w - cw + 1)
         else:                                      # the centre, as Caffe's TEST phase
             h_off = np.full(n, (h - ch) // 2)
             w_off = np.full(n, (w - cw) // 2)
         ar_w = np.arange(cw)
         cols = np.broadcast_to(ar_w, (n, cw))
         if train and self.mirror:
-            flip = rng.integers(0, 2, n).astype(bool)[:, None]
+            flip = draw(2).astype(bool)[:, None]
             cols = np.where(flip, cw - 1 - ar_w, ar_w)
         return h_off[:, None] + np.arange(ch), w_off[:, None] + cols
 
