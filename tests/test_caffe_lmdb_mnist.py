@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from netrun.caffe import solver_to_config
+from netrun.tools.imageset import build_database
 from netrun.train.data import make_source
 from netrun.train.data.images import encode_image
 from netrun.train.trainer import Trainer
-from netrun.tools.imageset import build_database
 from tests.caffe.helpers import shared_model
 from tests.test_datum import proto_datum
 

@@ -19,7 +19,6 @@ from netrun.util.files import read_text
 from tests.caffe2_proto import messages, to_text
 from tests.netdefs import canonical, netdefs
 
-
 SAMPLE = NetDef("lenet", [
     netrun.op("Conv", ["data", "conv1_w", "conv1_b"], ["conv1"], name="conv1", kernel=5,
               pads=[1, 2, 1, 2], epsilon=1.0, order="NCHW", device="gpu:1", engine="CUDNN"),

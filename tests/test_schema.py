@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import netrun
-from netrun.core.schema import Arg, REQUIRED, TensorSpec, register_schema
+from netrun.core.schema import REQUIRED, Arg, TensorSpec, register_schema
 from netrun.errors import SchemaError
 
 register_schema("TestSchemaOp", inputs=(1, 2), outputs=1,
@@ -29,7 +29,8 @@ def test_defaults_applied_and_types_coerced():
     (dict(need=1, size="big"), "argument 'size' must be an integer, got 'big'"),
     (dict(need=1, size=2.5), "argument 'size' must be an integer"),
     (dict(need=1, mode="c"), "allowed values are 'a', 'b'"),
-    (dict(need=1, dims=["x"]), "argument 'dims' must be a list of integers, got 'x' among its values"),
+    (dict(need=1, dims=["x"]),
+     "argument 'dims' must be a list of integers, got 'x' among its values"),
     (dict(), "missing required argument 'need'"),
     (dict(need=1, inputs=[]), "takes 1 to 2 input"),
     (dict(need=1, inputs=["X", "W", "b"]), "takes 1 to 2 input"),

@@ -18,9 +18,9 @@ import traceback
 
 import click
 
-from netrun.version import __version__
 from netrun.cli.console import abort, console
 from netrun.errors import NetrunError, suggest
+from netrun.version import __version__
 
 # command name -> "module:function"; adding a command is one line here.
 COMMANDS = {

@@ -70,8 +70,8 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
             console.warn(note)
         raise click.exceptions.Exit(status)
     from netrun.train import run_folder  # lazy
-    from netrun.train.dist import launched_rank  # lazy
     from netrun.train.config import load_config, with_overrides  # lazy
+    from netrun.train.dist import launched_rank  # lazy
     from netrun.train.trainer import Callbacks, Interrupted, Trainer  # lazy
 
     # Installed first, as set-up (data, model, resume) can take a while too; restored when

@@ -24,11 +24,33 @@ import numpy as np
 
 from netrun.errors import NetrunError, ParseError
 from netrun.proto.defs import ArgValue, NetDef, OperatorDef
-from netrun.proto.netdef_rules import (FIELDS, SCALAR_KINDS, UNSUPPORTED_KINDS, Refusal,
-                                       add_arg, arg_kind, check_op, device_name, device_option,
-                                       op_label, utf8, with_net_device)
-from netrun.proto.wire import (FIXED32, LENGTH, VARINT, WireError, Writer, as_real, as_reals,
-                               iter_fields, key, read_varint, signed)
+from netrun.proto.netdef_rules import (
+    FIELDS,
+    SCALAR_KINDS,
+    UNSUPPORTED_KINDS,
+    Refusal,
+    add_arg,
+    arg_kind,
+    check_op,
+    device_name,
+    device_option,
+    op_label,
+    utf8,
+    with_net_device,
+)
+from netrun.proto.wire import (
+    FIXED32,
+    LENGTH,
+    VARINT,
+    WireError,
+    Writer,
+    as_real,
+    as_reals,
+    iter_fields,
+    key,
+    read_varint,
+    signed,
+)
 
 _OP_NAMES = {number: name for name, number in FIELDS["OperatorDef"].items()}
 _ARG_NAMES = {number: name for name, number in FIELDS["Argument"].items()}

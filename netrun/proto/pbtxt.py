@@ -9,9 +9,21 @@ from __future__ import annotations
 
 from netrun.errors import NetrunError, suggest
 from netrun.proto.defs import ArgValue, NetDef, OperatorDef
-from netrun.proto.netdef_rules import (FIELDS, LIST_KINDS, SCALAR_KINDS, UNSUPPORTED_KINDS,
-                                       Refusal, add_arg, arg_kind, check_op, device_name,
-                                       device_option, op_label, utf8, with_net_device)
+from netrun.proto.netdef_rules import (
+    FIELDS,
+    LIST_KINDS,
+    SCALAR_KINDS,
+    UNSUPPORTED_KINDS,
+    Refusal,
+    add_arg,
+    arg_kind,
+    check_op,
+    device_name,
+    device_option,
+    op_label,
+    utf8,
+    with_net_device,
+)
 from netrun.proto.textformat import Enum, Field, Message, format_message, parse
 
 # The words errors use for a message (as the file spells it) -> its name in caffe2.proto.

@@ -17,12 +17,12 @@ the inference rules, its folded weights recomputed from the parameters before ev
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import time
 import warnings
-import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path

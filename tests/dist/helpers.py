@@ -75,7 +75,8 @@ def mpi_command(n: int, args: Sequence[str]) -> list[str]:
 def start_mpi(n: int, args: Sequence[str], env: Mapping[str, str] | None = None,
               cwd: str | Path | None = None) -> subprocess.Popen:
     """`mpiexec -n n <python> args` started, output piped (text); skips where MPI can't."""
-    return subprocess.Popen(mpi_command(n, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(mpi_command(n, args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL, env=job_env(env), cwd=cwd,
                             start_new_session=True)
 

@@ -9,6 +9,7 @@ import netrun
 from netrun.core.workspace import Workspace
 from netrun.train.config import SolverConfig
 from netrun.train.solver import build_training
+from tests.checks import checks_ops
 
 
 def test_buckets_start_as_soon_as_their_gradients_are_done():
@@ -31,6 +32,7 @@ def test_buckets_start_as_soon_as_their_gradients_are_done():
     assert "ip2_w_grad" in ops[starts[0]].inputs and "conv1_w_grad" in ops[starts[-1]].inputs
 
 
+@checks_ops("AllreduceStart", "AllreduceWait", kind="reference")
 def test_the_exchange_ops_run_on_one_process_as_the_mean_of_one():
     ws = Workspace("cpu")
     g = np.arange(6, dtype=np.float32).reshape(2, 3)

@@ -112,7 +112,8 @@ RANK_SIGNALS = textwrap.dedent("""\
     sys.exit(128 + got[-1])
 """)
 
-LAUNCHER = "import sys; from netrun.train.dist import launch; sys.exit(launch.run_job(sys.argv[1:]))"
+LAUNCHER = ("import sys; from netrun.train.dist import launch; "
+            "sys.exit(launch.run_job(sys.argv[1:]))")
 
 
 @pytest.mark.parametrize("signals, status, names", [

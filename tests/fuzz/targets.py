@@ -27,9 +27,8 @@ class Target:
 
 
 def _load_model(path: Path, corpus: Corpus):
-    from netrun.model import load_model
-
     import netrun.caffe  # noqa: F401  (registers the .prototxt format)
+    from netrun.model import load_model
 
     return load_model(path)
 

@@ -27,8 +27,8 @@ from netrun.core.registry import find_kernel
 from netrun.core.schema import get_schema
 from netrun.errors import SchemaError
 from netrun.tools.ops_table import COMMAND, forward_of, netrun_schemas, op_rows, render, sample_def
-from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
 from tests.checks import CHECKED, check_id, checks_ops
+from tests.opcheck import check_gradient, netrun_forward_backward, run_op, torch_forward_backward
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,6 +57,8 @@ NO_GRADIENT = {
     "ClipGradientsByNorm": _UPDATE + " (rescales gradients)",
     "MomentumSGDUpdate": _UPDATE, "Adam": _UPDATE, "Adagrad": _UPDATE, "RmsProp": _UPDATE,
     "Save": "I/O: writes blobs to a file", "Load": "I/O: reads blobs from a file",
+    "AllreduceStart": "update plumbing: sends gradients to the other ranks",
+    "AllreduceWait": "update plumbing: averages gradients over the ranks",
     "BilinearFill": _FILLER, "SparseGaussianFill": _FILLER, "PositiveUnitballFill": _FILLER,
 }
 
@@ -64,6 +66,11 @@ ACT, ELT, SHP, FC = "ops.test_activation", "ops.test_elementwise", "ops.test_sha
 CONV, POOL, LOSS, NORM = "ops.test_conv", "ops.test_pool", "ops.test_loss", "ops.test_norm"
 DROP, OPT, FILL, MET = "ops.test_dropout", "ops.test_optim", "ops.test_fill", "ops.test_metrics"
 COV, CAFFE = "ops.test_coverage", "caffe.test_caffe_ops"
+DIST, DIST_MPI = "dist.test_buckets", "dist.test_train_mpi"
+_EXCHANGE = ("the gradient exchange between processes; one process must give its gradients "
+             "back unchanged, two ranks what one process computes on the whole batch")
+_EXCHANGE_TESTS = [f"{DIST}::test_the_exchange_ops_run_on_one_process_as_the_mean_of_one",
+                   f"{DIST_MPI}::test_two_ranks_match_one_process_to_float32_rounding"]
 _UNARY = ["Relu", "LeakyRelu", "Elu", "Sigmoid", "Tanh", "Softplus", "Abs", "Exp", "Log", "Sqrt",
           "Clip", "Scale"]
 _BINARY = ["Add", "Sub", "Mul", "Div"]
@@ -198,6 +205,8 @@ NO_TORCH: dict[str, tuple[str, list[str]]] = {
                            [f"{CAFFE}::test_sparse_gaussian_and_positive_unitball_fills"]),
     "PositiveUnitballFill": (_RANDOM_FILL,
                              [f"{CAFFE}::test_sparse_gaussian_and_positive_unitball_fills"]),
+    "AllreduceStart": (_EXCHANGE, _EXCHANGE_TESTS),
+    "AllreduceWait": (_EXCHANGE, _EXCHANGE_TESTS),
     "Save": ("file I/O; a Save/Load round trip must give the blobs back bit for bit",
              [f"{COV}::test_gap_save_load_round_trip"]),
     "Load": ("file I/O; a Save/Load round trip must give the blobs back bit for bit",

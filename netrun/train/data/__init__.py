@@ -28,7 +28,6 @@ from netrun.train.data.loader import BatchLoader, iterate_once
 from netrun.train.data.paths import expand_path, resolve_data_dir
 from netrun.train.data.transforms import Transform, make_transform
 
-
 # Keys of a `data:` section that every source takes (the trainer reads the batch sizes, the
 # transform, `shuffle` and `workers`; `dir` picks the folder), and those each source's
 # factory reads besides.
@@ -111,6 +110,6 @@ def data_workers(cfg: dict, data: Any) -> int:
     return 1 if getattr(data, "decodes", False) else 0
 
 
-__all__ = ["data_workers", "make_source", "parse_spec", "make_transform", "Transform", "BatchLoader",
-           "iterate_once", "Arrays", "DataSource", "SourceRequest", "register_source",
+__all__ = ["data_workers", "make_source", "parse_spec", "make_transform", "Transform",
+           "BatchLoader", "iterate_once", "Arrays", "DataSource", "SourceRequest", "register_source",
            "SOURCES", "expand_path", "resolve_data_dir", "data_keys", "COMMON_KEYS", "SOURCE_KEYS"]

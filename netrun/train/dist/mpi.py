@@ -209,8 +209,9 @@ def abort_on_error(comm: Communicator) -> Iterator[None]:
 
     Without it a rank that fails alone hangs the job: at exit mpi4py finishes MPI, which
     waits for the other ranks, while they wait in a collective for this one (measured with
-    MPICH 5: still hanging after 30 s, with nothing printed by the others). With it, the error goes on as before (the CLI prints its message),
-    and the process then calls MPI_Abort, which the launcher turns into the end of all.
+    MPICH 5: still hanging after 30 s, with nothing printed by the others). With it, the
+    error goes on as before (the CLI prints its message), and the process then calls
+    MPI_Abort, which the launcher turns into the end of all.
     A stop that all ranks agreed on ends the same way, which only costs MPICH's one-line
     note of the abort.
     """
