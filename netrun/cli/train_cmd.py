@@ -58,7 +58,15 @@ from netrun.cli.signals import StopRequest, signal_name
 def train(config, device, output, resume, force, allow_changes, overrides, max_iter, data_dir,
           data_spec, weights, weights_partial, no_fuse, no_memory_plan, executor, algo_search,
           workspace_limit, tf32, nproc, as_json):
-    """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt."""
+    """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt.
+
+    \b
+    Examples:
+      netrun train configs/quickstart.yaml
+      netrun train configs/quickstart.yaml --resume auto --max-iter 1600
+      netrun train lenet_solver.prototxt --data mnist-10k
+      netrun train configs/resnet20_cifar10.yaml --nproc 2     # 2 data-parallel ranks
+    """
     if nproc is not None and nproc > 1:
         # Before anything else (signal handlers, data): this process only starts the ranks.
         from netrun.train.dist import launch  # lazy
