@@ -3,6 +3,8 @@ and LRN. Each section: schema, kernel, gradient maker, and the gradient op's sch
 kernel. SpatialBN's passes over memory are in netrun.kernels.batch_norm."""
 from __future__ import annotations
 
+import numpy as np
+
 import netrun.kernels.jit as jit
 import netrun.kernels.jit.batch_norm as jit_bn
 from netrun.core.gradient import register_gradient
@@ -11,8 +13,13 @@ from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
 from netrun.kernels import batch_norm as bn
 from netrun.ops.common import input_cost, same_as_input
+from netrun.proto.defs import NetDef
 
 ORDER = Arg("order", "str", "NCHW", allowed=("NCHW", "NHWC"), doc="layout of X")
+SYNC = Arg("sync", "int", 0, allowed=(0, 1),
+           doc="1: training-mode statistics (forward) and gradient sums (backward) are summed "
+               "over the ranks of a data-parallel job (synchronized BatchNorm); nothing "
+               "changes on one process or with is_test")
 
 
 def channel_axis(order: str, ndim: int) -> int:
@@ -24,7 +31,7 @@ def channel_axis(order: str, ndim: int) -> int:
 _BN_ARGS = [Arg("is_test", "int", 0, allowed=(0, 1), doc="1: normalize with the running stats"),
             Arg("epsilon", "float", 1e-5, doc="added to the variance before the square root"),
             Arg("momentum", "float", 0.9, doc="running = momentum·running + (1−momentum)·batch"),
-            ORDER]
+            ORDER, SYNC]
 
 
 def _bn_check(op, args: Args) -> None:
@@ -76,7 +83,8 @@ register_schema(
         "(biased) statistics, saved as saved_mean and saved_inv_std = 1/√(σ² + ε), and the "
         "running stats are updated in place: running = momentum·running + (1−momentum)·batch, "
         "where the running variance takes the unbiased batch variance σ²·M/(M−1), M = N·H·W "
-        "(as Caffe2, Caffe and PyTorch do). is_test=1: μ, σ² are the running stats.")
+        "(as Caffe2, Caffe and PyTorch do). is_test=1: μ, σ² are the running stats. sync=1 "
+        "(training, several ranks): μ, σ² and M are the whole batch's over all ranks.")
 
 
 @register_kernel("SpatialBN")
@@ -99,6 +107,8 @@ def _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu: bool) -> N
                      _vec(xp, bias - running_mean * s, dt), Y, relu)
         return
     stats = bn.batch_stats(xp, X, a.order, ctx.scratch)
+    if _syncs(ctx):
+        stats = _global_stats(ctx, stats)
     m = stats.m
     inv_std = 1.0 / xp.sqrt(stats.var + a.epsilon)
     mean = _vec(xp, stats.mean, dt)
@@ -111,6 +121,35 @@ def _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu: bool) -> N
     ctx.output(2, running_var.shape, running_var.dtype)[...] = new_var
     ctx.output(3, mean.shape, dt)[...] = mean
     ctx.output(4, mean.shape, dt)[...] = inv_std
+
+
+def _syncs(ctx) -> bool:
+    """Whether this training-mode op sums its statistics over the ranks (sync=1, ranks > 1)."""
+    return bool(ctx.args.sync) and not ctx.args.is_test and ctx.ws.comm.size > 1
+
+
+def _allreduce(ctx, v):
+    """v (a float64 array of ctx.xp) summed over the ranks, as a new array of ctx.xp."""
+    host = np.ascontiguousarray(ctx.backend.to_host(v), dtype=np.float64).copy()
+    ctx.ws.comm.allreduce_sum(host)
+    return host if ctx.xp is np else ctx.backend.to_device(host)
+
+
+def _global_stats(ctx, stats: bn.Stats) -> bn.Stats:
+    """The statistics of the whole batch over all ranks from each rank's (float64, two
+    exchanges so the variance has no cancellation): M = Σ m, μ = Σ m·μᵣ / M, and
+    σ² = Σ m·(σᵣ² + (μᵣ − μ)²) / M. Every rank gets the same bits."""
+    xp = ctx.xp
+    c = stats.mean.shape[0]
+    first = xp.empty((c + 1,), dtype="float64")
+    first[0] = stats.m
+    first[1:] = stats.mean * stats.m
+    first = _allreduce(ctx, first)
+    total = round(float(first[0]))
+    mean = first[1:] / total
+    d = stats.mean - mean
+    var = _allreduce(ctx, (stats.var + d * d) * stats.m) / total
+    return bn.Stats(mean, var, total)
 
 
 def _vec(xp, v, dtype):
@@ -130,7 +169,7 @@ def _bn_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
 register_schema(
     "SpatialBNGradient", inputs=5, outputs=3,
     input_names=("X", "scale", "saved_mean", "saved_inv_std", "dY"),
-    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER],
+    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER, SYNC],
     shape_fn=_bn_grad_shape, cost_fn=input_cost(8), family="norm",
     doc="dbias = Σ dY, dscale = Σ dY·x̂, dX = scale·inv_std·(dY − dbias/M − x̂·dscale/M) with "
         "x̂ = (X − μ)·inv_std. is_test=1: inputs 2 and 3 are running_mean and running_var, "
@@ -152,8 +191,17 @@ def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
     mean = _vec(xp, mean, dt)
     sums = bn.gradient_sums(xp, X, mean, dY, Y, a.order, ctx.scratch)   # Σ g, Σ (x − μ)·g
     dbias, dscale = sums[0], sums[1] * inv_std
+    # dscale and dbias stay this rank's sums: the gradient exchange averages them like any
+    # parameter's. dX needs the whole batch's sums (its statistics were the whole batch's).
     ctx.output(1, scale.shape, scale.dtype)[...] = dscale
     ctx.output(2, scale.shape, scale.dtype)[...] = dbias
+    if _syncs(ctx):
+        c = scale.size
+        both = xp.empty((2 * c + 1,), dtype="float64")
+        both[0], both[1:c + 1], both[c + 1:] = m, sums[0], sums[1]
+        both = _allreduce(ctx, both)
+        m = round(float(both[0]))
+        dbias, dscale = both[1:c + 1], both[c + 1:] * inv_std
     # dX = scale·inv_std · (g − dbias/M − (X − μ)·inv_std·dscale/M)  (is_test: g·scale·inv_std)
     dX = ctx.output(0, X.shape, dt)
     bn.gradient_input(xp, X, mean, dY, Y, a.order, _vec(xp, inv_std * dscale / m, dt),
@@ -164,7 +212,7 @@ def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
 def _bn_grad_op(g, relu: bool):
     """SpatialBN(Relu)Gradient: X, scale, the statistics used (running ones in test mode),
     dY, and for the fused op its output Y (the ReLU's mask)."""
-    args = g.copy_args("is_test", "epsilon", "order")
+    args = g.copy_args("is_test", "epsilon", "order", "sync")
     stats = [g.I(3), g.I(4)] if g.args.get("is_test", 0) else [g.O(3), g.O(4)]
     return [g.op("SpatialBNReluGradient" if relu else "SpatialBNGradient",
                  [g.I(0), g.I(1), *stats, g.GO(0), *([g.O(0)] if relu else [])],
@@ -198,7 +246,7 @@ def _bn_relu_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
 register_schema(
     "SpatialBNReluGradient", inputs=6, outputs=3,
     input_names=("X", "scale", "saved_mean", "saved_inv_std", "dY", "Y"),
-    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER],
+    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER, SYNC],
     shape_fn=_bn_relu_grad_shape, cost_fn=input_cost(10), family="norm",
     doc="SpatialBNGradient of dY·(Y > 0), Y being SpatialBNRelu's output (the ReLU's mask): "
         "the inputs of SpatialBNGradient, then Y; the same outputs.")
@@ -212,6 +260,16 @@ def spatial_bn_relu_gradient(ctx, X, scale, mean, inv_std, dY, Y):
 @register_gradient("SpatialBNRelu")
 def _spatial_bn_relu_grad(g):
     return _bn_grad_op(g, relu=True)
+
+
+def synchronized(net: NetDef) -> NetDef:
+    """A copy of `net` whose training-mode SpatialBN(Relu) ops have sync=1 (their gradient
+    ops inherit it): what a data-parallel trainer binds when synchronized BatchNorm is on."""
+    out = net.copy()
+    out.ops = [o.with_(args={**o.args, "sync": 1})
+               if o.type in ("SpatialBN", "SpatialBNRelu") and not o.args.get("is_test", 0)
+               else o for o in net.ops]
+    return out
 
 
 @register_preparer("SpatialBN", "SpatialBNGradient", "SpatialBNRelu", "SpatialBNReluGradient")

@@ -70,12 +70,15 @@ class TrainConfig:
     # data.batch_size is the whole batch of a step, split over the ranks of a data-parallel
     # job; a Caffe solver keeps Caffe's meaning instead: each rank's (GPU's) batch.
     batch_per_rank: bool = False
+    # BatchNorm statistics of the whole global batch (summed over the ranks) rather than each
+    # rank's shard; nothing changes on one process.
+    sync_bn: bool = False
     raw: dict = field(default_factory=dict)
     path: str | None = None
 
 
 _TOP_KEYS = ("model", "data", "solver", "device", "output", "algo_search", "tf32", "fuse",
-             "name", "weights", "memory_plan", "executor")
+             "name", "weights", "memory_plan", "executor", "sync_bn")
 # Keys a config made from a Caffe solver carries for the record.
 _RECORD_KEYS = ("caffe_solver", "notes")
 SEED_MAX = 2**63 - 1
@@ -152,7 +155,7 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     for key in ("model", "device", "output", "algo_search"):
         if key in raw and not isinstance(raw[key], (str, os.PathLike)):
             raise check.fail(raw, key, key, f"expected a string, got {raw[key]!r}")
-    for key in ("fuse", "memory_plan", "tf32"):
+    for key in ("fuse", "memory_plan", "tf32", "sync_bn"):
         if key in raw and not isinstance(raw[key], bool):
             raise check.fail(raw, key, key, f"expected true or false, got {raw[key]!r}")
     if "executor" in raw and raw["executor"] not in EXECUTORS:
@@ -185,6 +188,7 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
                        tf32=raw.get("tf32", False),
                        fuse=raw.get("fuse", True), memory_plan=raw.get("memory_plan", True),
                        executor=raw.get("executor", "simple"),
+                       sync_bn=raw.get("sync_bn", False),
                        raw=raw,
                        path=str(path) if path else None)
 

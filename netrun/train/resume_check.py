@@ -20,7 +20,8 @@ from netrun.train.config import config_from_dict
 FREE_SOLVER = frozenset({"max_iter", "display", "snapshot", "test_interval", "test_iter",
                          "test_initialization", "average_loss"})
 # Data settings that do not change the training batches.
-FREE_DATA = frozenset({"dir", "test_batch_size", "test", "test_count", "lazy"})
+# (`workers`: any number of them makes the same batches.)
+FREE_DATA = frozenset({"dir", "test_batch_size", "test", "test_count", "lazy", "workers"})
 DEFAULT_BATCH_SIZE = 64          # as the trainer's default
 
 
@@ -40,6 +41,8 @@ def trajectory(raw: dict) -> dict[str, Any]:
     for key, value in data.items():
         if key not in FREE_DATA:
             _flatten(out, f"data.{key}", value)
+    # BN statistics of the rank's shard or of the whole batch: another computation.
+    out["sync_bn"] = bool(raw.get("sync_bn", False))
     return out
 
 

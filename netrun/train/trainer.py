@@ -34,6 +34,7 @@ from netrun.core.comm import Communicator
 from netrun.core.workspace import Workspace
 from netrun.errors import CheckpointError, NetrunError
 from netrun.model import load_model
+from netrun.ops.norm import synchronized
 from netrun.proto.pbtxt import netdef_to_text
 from netrun.rewrite import Rewritten, rewrite, with_train_net
 from netrun.train import checkpoint as ckpt
@@ -134,6 +135,8 @@ class Trainer:
         # Rank 0 tests, logs and writes checkpoints; every rank trains on its shard.
         self.is_root = self.comm.rank == 0
         self.model = load_model(cfg.model)
+        if cfg.sync_bn and self.comm.size > 1:     # BN statistics of the whole global batch
+            self.model = with_train_net(self.model, synchronized(self.model.train_net))
         self.nets = build_training(self.model, cfg.solver, ranks=self.comm.size)
         self.ws = Workspace(self.device, seed=cfg.solver.seed, memory_plan=cfg.memory_plan,
                             executor=cfg.executor, comm=self.comm)

@@ -233,10 +233,16 @@ def _same_dtype(*arrays) -> bool:
     return len({a.dtype for a in arrays}) == 1
 
 
+def _syncs(ctx) -> bool:
+    """Synchronized BatchNorm over several ranks: the shared kernels (array-module code, the
+    sums exchanged through host memory) run it; these fused CUDA kernels do not."""
+    return bool(ctx.args.sync) and not ctx.args.is_test and ctx.ws.comm.size > 1
+
+
 @register_kernel("SpatialBN", backend="gpu")
 def spatial_bn(ctx, X, scale, bias, running_mean, running_var):
     """Batch statistics (training) or running ones (is_test) per channel, then the affine map."""
-    if not _same_dtype(X, scale, bias, running_mean, running_var):
+    if not _same_dtype(X, scale, bias, running_mean, running_var) or _syncs(ctx):
         return norm_ops.spatial_bn(ctx, X, scale, bias, running_mean, running_var)
     _forward(ctx, X, scale, bias, running_mean, running_var, 0)
 
@@ -244,7 +250,7 @@ def spatial_bn(ctx, X, scale, bias, running_mean, running_var):
 @register_kernel("SpatialBNRelu", backend="gpu")
 def spatial_bn_relu(ctx, X, scale, bias, running_mean, running_var):
     """SpatialBN with the ReLU applied as Y is written."""
-    if not _same_dtype(X, scale, bias, running_mean, running_var):
+    if not _same_dtype(X, scale, bias, running_mean, running_var) or _syncs(ctx):
         return norm_ops.spatial_bn_relu(ctx, X, scale, bias, running_mean, running_var)
     _forward(ctx, X, scale, bias, running_mean, running_var, 1)
 
@@ -283,7 +289,7 @@ def _forward(ctx, X, scale, bias, running_mean, running_var, relu: int) -> None:
 @register_kernel("SpatialBNGradient", backend="gpu")
 def spatial_bn_gradient(ctx, X, scale, mean, inv_std, dY):
     """dX, dscale, dbias (is_test: inputs 2 and 3 are the running mean and variance)."""
-    if not _same_dtype(X, scale, mean, inv_std, dY):
+    if not _same_dtype(X, scale, mean, inv_std, dY) or _syncs(ctx):
         return norm_ops.spatial_bn_gradient(ctx, X, scale, mean, inv_std, dY)
     _backward(ctx, X, scale, mean, inv_std, dY, None)
 
@@ -291,7 +297,7 @@ def spatial_bn_gradient(ctx, X, scale, mean, inv_std, dY):
 @register_kernel("SpatialBNReluGradient", backend="gpu")
 def spatial_bn_relu_gradient(ctx, X, scale, mean, inv_std, dY, Y):
     """SpatialBNGradient of g = dY·(Y > 0), g computed where it is read (never stored)."""
-    if not _same_dtype(X, scale, mean, inv_std, dY, Y):
+    if not _same_dtype(X, scale, mean, inv_std, dY, Y) or _syncs(ctx):
         return norm_ops.spatial_bn_relu_gradient(ctx, X, scale, mean, inv_std, dY, Y)
     _backward(ctx, X, scale, mean, inv_std, dY, Y)
 
