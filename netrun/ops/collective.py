@@ -8,6 +8,12 @@ The start packs the bucket's gradients into one flat host buffer (small tensors 
 one message) and begins a non-blocking allreduce on the workspace's communicator; the wait
 completes it, divides by the number of ranks and unpacks. A token blob links each pair, so a
 graph executor orders the wait after its start.
+
+Where the communicator sums device arrays itself (`device_buffers`: NCCL,
+netrun.backends.cuda.nccl) and the workspace is on a GPU, the flat buffer lives on the device
+instead: packing, the sum, the division and the unpack are all queued on the compute stream,
+and no gradient crosses to the host. Every other case (every CPU workspace) keeps the host
+buffer, bit for bit as before.
 """
 from __future__ import annotations
 
@@ -49,18 +55,27 @@ register_schema(
     doc="Finish the bucket's allreduce and write each gradient back as the mean over ranks.")
 
 
+def _device_buffers(ctx) -> bool:
+    """Whether the bucket's buffer lives on the device: a communicator that reduces device
+    arrays, and a workspace whose arrays are not NumPy's."""
+    return bool(getattr(ctx.ws.comm, "device_buffers", False)) and ctx.xp is not np
+
+
 @register_kernel("AllreduceStart")
 def allreduce_start(ctx, *grads):
     comm, backend = ctx.ws.comm, ctx.backend
     if any(g.dtype != np.float32 for g in grads):
         raise SchemaError(f"op {ctx.def_.label}: gradients must be float32")
     sizes = [int(g.size) for g in grads]
+    on_device = _device_buffers(ctx)
     flat = ctx.state.get("flat")
     if flat is None or flat.size != sum(sizes):
-        flat = ctx.state["flat"] = np.empty(sum(sizes), np.float32)
+        xp = ctx.xp if on_device else np
+        flat = ctx.state["flat"] = xp.empty(sum(sizes), np.float32)
     offset = 0
     for g, n in zip(grads, sizes):
-        flat[offset:offset + n] = backend.to_host(g).reshape(-1)
+        # On the device: a copy queued on the stream, after the kernel that wrote g.
+        flat[offset:offset + n] = g.reshape(-1) if on_device else backend.to_host(g).reshape(-1)
         offset += n
     # Buckets started earlier move on only inside MPI calls: give them a turn on the way.
     for request, _ in ctx.ws.collectives.values():
@@ -79,11 +94,12 @@ def allreduce_wait(ctx, token, *grads):
     request, flat = pending
     request.wait()
     flat *= np.float32(1.0 / ctx.ws.comm.size)
+    on_device = _device_buffers(ctx)
     outs, offset = [], 0
     for i, g in enumerate(grads):
         part = flat[offset:offset + g.size].reshape(g.shape)
         offset += g.size
         out = ctx.output(i, g.shape, g.dtype)
-        out[...] = ctx.backend.to_device(part)
+        out[...] = part if on_device else ctx.backend.to_device(part)
         outs.append(out)
     return tuple(outs)

@@ -47,6 +47,7 @@ from netrun.train.data import (
     make_transform,
 )
 from netrun.train.dist import world
+from netrun.train.dist.gpu import gpu_world
 from netrun.train.resume_check import check_resume
 from netrun.train.solver import LR, TrainingNets, build_training
 from netrun.version import __version__
@@ -132,6 +133,8 @@ class Trainer:
         self.output = Path(self.output or cfg.output)
         if self.comm is None:
             self.comm = world()
+        if self.comm.size > 1:          # GPUs: one per rank, gradients summed by NCCL
+            self.device, self.comm = gpu_world(self.device, self.comm)
         # Rank 0 tests, logs and writes checkpoints; every rank trains on its shard.
         self.is_root = self.comm.rank == 0
         self.model = load_model(cfg.model)
