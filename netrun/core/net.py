@@ -48,15 +48,9 @@ class SimpleNet:
                     if hook is not None:
                         hook(i, o)
             elif hook is None:
-                # Exchanges in flight (data-parallel gradient buckets) move on only inside
-                # calls to their library (MPI): give them a turn after every op of backward.
-                pending = self.ws.collectives
                 for o in self.ops:
                     memory.begin_op(o)
                     o.run()
-                    if pending:
-                        for request, _ in pending.values():
-                            request.test()
             else:
                 for i, o in enumerate(self.ops):
                     memory.begin_op(o)
