@@ -14,19 +14,11 @@ from netrun.core.comm import SingleProcess
 from netrun.proto.defs import op
 from tests.checks import checks_ops
 from tests.dist.test_train_mpi import params, train_one_process, train_ranks
+from tests.rewrite.test_training_and_cli import BN_MODEL
 
 # conv -> spatial_bn -> relu (fused into SpatialBNRelu at bind) -> fc; no dropout (see
 # test_train_mpi), a BN whose statistics differ clearly between the two halves of a batch.
-MODEL = """\
-name: TinyBN
-inputs: {data: [1, 24, 24], label: []}
-layers:
-  - {type: conv, name: c1, input: data, num_output: 4, kernel: 5, stride: 3, bias: false}
-  - {type: spatial_bn, name: bn1}
-  - {type: relu, name: r1}
-  - {type: fc, name: f1, num_output: 10}
-loss: {type: softmax_cross_entropy, input: f1, label: label}
-"""
+MODEL = BN_MODEL.replace("[1, 28, 28]", "[1, 24, 24]")
 
 
 def write_config(tmp_path, name: str, sync: bool) -> str:
