@@ -32,6 +32,9 @@ COMMANDS = {
     "profile": "netrun.cli.profile_cmd:profile",
     "algos": "netrun.cli.algos_cmd:algos",
     "data": "netrun.cli.data_cmd:data",
+    "export": "netrun.cli.export_cmd:export",
+    "draw": "netrun.cli.draw_cmd:draw",
+    "plot": "netrun.cli.plot_cmd:plot",
 }
 
 
