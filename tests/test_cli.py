@@ -28,7 +28,10 @@ def run(*args: str, code: int = 0, env: dict | None = None):
 
 
 def test_version_and_help():
-    assert run("--version").stdout.strip() == f"netrun, version {netrun.__version__}"
+    lines = run("--version").stdout.splitlines()
+    assert lines[0] == f"netrun, version {netrun.__version__}"
+    assert any(line.strip().startswith("NumPy:") and "BLAS" in line for line in lines)
+    assert any(line.strip().startswith("CuPy (GPU):") for line in lines)
     out = run("--help").stdout
     assert all(c in out for c in ("ops", "inspect", "convert", "--debug", "--no-color"))
     assert "did you mean 'inspect'" in run("inspct", code=2).output

@@ -157,3 +157,15 @@ output: {tmp / 'run_folder'}
     header, row = (tmp / "p.csv").read_text().splitlines()[:2]
     assert header == "index,input,prediction,class,probability"
     assert row.split(",")[3] == f"digit_{row.split(',')[2]}"
+
+
+def test_a_csv_holds_the_top_k_asked_for(trained):
+    tmp, summary = trained
+    out = tmp / "k3.csv"
+    run("infer", summary["checkpoint"], str(tmp / "test.txt"), "-k", "3", "-o", str(out))
+    header, first = out.read_text().splitlines()[:2]
+    assert header == ("index,input,prediction1,probability1,prediction2,probability2,"
+                      "prediction3,probability3,label")
+    cells = first.split(",")
+    probabilities = [float(cells[i]) for i in (3, 5, 7)]
+    assert probabilities == sorted(probabilities, reverse=True) and len(set(cells[2:8:2])) == 3

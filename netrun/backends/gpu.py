@@ -39,6 +39,16 @@ def _import_cupy():
     return cupy, count
 
 
+def describe_cuda() -> str:
+    """CuPy's version, the CUDA runtime's and the devices, for `netrun --version`; the reason
+    when there is no usable GPU (a BackendError's message)."""
+    cupy, count = _import_cupy()
+    runtime = cupy.cuda.runtime.runtimeGetVersion()
+    names = [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode() for i in range(count)]
+    return (f"{cupy.__version__}, CUDA {runtime // 1000}.{runtime % 1000 // 10}, "
+            f"cuDNN {cudnn_version() or 'not found'}, {count} device(s): {', '.join(names)}")
+
+
 class GPUBackend(Backend):
     """Device memory through CuPy's pool, one stream per device, device-side RNG."""
 

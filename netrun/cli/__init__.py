@@ -96,8 +96,21 @@ class NetrunGroup(click.Group):
                   f"`netrun --debug {' '.join(sys.argv[1:])}`.", code=1)
 
 
+def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """--version: the version, then the engines found (NumPy's BLAS, Numba, oneDNN, CuPy, MPI)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from netrun.cli.version_info import describe
+
+    click.echo(f"netrun, version {__version__}")
+    for name, found in describe():
+        click.echo(f"  {name}: {found}")
+    ctx.exit()
+
+
 @click.group(cls=NetrunGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", prog_name="netrun")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version and the engines found (BLAS, Numba, oneDNN, CuPy, MPI).")
 @click.option("--debug", is_flag=True, envvar="NETRUN_DEBUG",
               help="Show tracebacks for errors. [env: NETRUN_DEBUG]")
 @click.option("-v", "--verbose", count=True, help="More detail on stderr (repeatable).")

@@ -152,15 +152,19 @@ def _write(path: Path, probs, top, records) -> None:
         path.write_text(json_text(records, indent=None))
     elif path.suffix == ".csv":
         named, labelled = "input" in records[0], "label" in records[0]
-        classes = "top_k_names" in records[0]
-        lines = ["index" + (",input" if named else "") + ",prediction"
-                 + (",class" if classes else "") + ",probability" + (",label" if labelled else "")]
+        classes, k = "top_k_names" in records[0], len(records[0]["top_k"])
+        # One prediction keeps the plain column names; --top-k K numbers them 1..K.
+        suffixes = [""] if k == 1 else [str(j + 1) for j in range(k)]
+        head = [f"prediction{s}" + (f",class{s}" if classes else "") + f",probability{s}"
+                for s in suffixes]
+        lines = [",".join(["index", *(["input"] if named else []), *head,
+                           *(["label"] if labelled else [])])]
         for r in records:
-            c, p = r["top_k"][0]
-            name = "," + _csv_field(r["input"]) if named else ""
-            cls = "," + _csv_field(r["top_k_names"][0]) if classes else ""
-            lines.append(f"{r['index']}{name},{c}{cls},{p:.6f}"
-                         + (f",{r['label']}" if labelled else ""))
+            cells = [str(r["index"]), *([_csv_field(r["input"])] if named else [])]
+            for j, (c, p) in enumerate(r["top_k"]):
+                cells += [str(c), *([_csv_field(r["top_k_names"][j])] if classes else []),
+                          f"{p:.6f}"]
+            lines.append(",".join(cells + ([str(r["label"])] if labelled else [])))
         path.write_text("\n".join(lines) + "\n")
     else:
         raise NetrunError(f"--output '{path}': use .npy, .npz, .json or .csv")

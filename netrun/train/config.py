@@ -145,9 +145,22 @@ def with_overrides(cfg: TrainConfig, overrides: list[str], data: dict | None = N
     return out
 
 
+_MINIMAL_CONFIG = """\
+    model: {model}
+    data: {{source: generated, batch_size: 64, transform: {{scale: 0.00390625}}}}
+    solver: {{type: sgd, base_lr: 0.01, momentum: 0.9, max_iter: 500}}
+"""
+
+
 def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     """Validate a config mapping; relative paths resolve against the config's folder."""
     check = _Checker(f"{path}: " if path else "")
+    if "model" not in raw and ("layers" in raw or "ops" in raw):
+        # A model file given where a train config goes: say so, and show what one looks like.
+        example = _MINIMAL_CONFIG.format(model=Path(path).name if path else "model.yaml")
+        raise ConfigError(f"{path or 'this file'} is a model, not a train config. A train "
+                          f"config names the model, the data and the solver, e.g.:\n"
+                          f"{example}(configs/ has complete examples)")
     check.keys(raw, (*_TOP_KEYS, *_RECORD_KEYS), "", "the config", shown=_TOP_KEYS)
     if "model" not in raw:
         raise check.fail(raw, None, "", "missing 'model' (path to a .yaml, .pbtxt or .prototxt "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 from click.testing import CliRunner
@@ -77,3 +78,15 @@ def test_gpu_without_cupy_exits_2(tiny_config, tmp_path):
         r = run(*args)
         assert r.exit_code == 2, r.output
         assert "needs CuPy" in r.output and "Traceback" not in r.output
+
+
+def test_a_model_given_as_the_config_gets_a_minimal_config_to_start_from(tmp_path):
+    r = run("train", "zoo/lenet.yaml")
+    assert r.exit_code == 2 and "is a model, not a train config" in r.output
+    example = r.output.split("e.g.:\n", 1)[1].split("(configs/", 1)[0]
+    config = tmp_path / "train.yaml"
+    small = f"source: generated, train_count: 64, test_count: 64, dir: {tmp_path / 'data'},"
+    config.write_text(example.replace("model: lenet.yaml",
+                                      f"model: {Path('zoo/lenet.yaml').resolve()}")
+                      .replace("source: generated,", small) + f"    output: {tmp_path / 'run'}\n")
+    assert run("train", str(config), "--max-iter", "2").exit_code == 0
