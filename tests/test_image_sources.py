@@ -4,7 +4,6 @@ pickling, and the errors for bad data."""
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -231,9 +230,10 @@ def test_image_list_errors(tmp_path):
     with pytest.raises(DataError, match=r"data.train: no such file .*absent.txt"):
         make_source({"source": "imagedata", "train": "absent.txt"}, config_dir=tmp_path)
     # The label follows the last space or tab; the rest of the line is the path.
-    bad.write_text("my pic.png\t4\r\n/abs/x y.png 2\n")
-    assert read_list_file(bad, "/root") == [(Path("/root/my pic.png"), 4),
-                                            (Path("/abs/x y.png"), 2)]
+    elsewhere = tmp_path / "images"
+    bad.write_text(f"my pic.png\t4\r\n{elsewhere / 'x y.png'} 2\n")
+    assert read_list_file(bad, tmp_path / "root") == [(tmp_path / "root" / "my pic.png", 4),
+                                                      (elsewhere / "x y.png", 2)]
     assert read_list_file(bad)[0] == (tmp_path / "my pic.png", 4)   # beside the list
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from netrun.core.registry import register_kernel
 from netrun.core.schema import MANY, Arg, Cost, TensorSpec, register_schema
-from netrun.errors import SchemaError
+from netrun.errors import InternalError, SchemaError
 
 # In-place pairs of a wait: gradient i (input i + 1) is written back as output i.
 _MAX_BUCKET = 1 << 14
@@ -72,10 +72,12 @@ def allreduce_start(ctx, *grads):
     if flat is None or flat.size != sum(sizes):
         xp = ctx.xp if on_device else np
         flat = ctx.state["flat"] = xp.empty(sum(sizes), np.float32)
+    # Gradients go straight into the buffer where both live in one memory (CPU, or the device
+    # with a device communicator: a copy queued on the stream after the kernel that wrote g).
+    direct = on_device or ctx.xp is np
     offset = 0
     for g, n in zip(grads, sizes):
-        # On the device: a copy queued on the stream, after the kernel that wrote g.
-        flat[offset:offset + n] = g.reshape(-1) if on_device else backend.to_host(g).reshape(-1)
+        flat[offset:offset + n] = g.reshape(-1) if direct else backend.to_host(g).reshape(-1)
         offset += n
     # Buckets started earlier move on only inside MPI calls: give them a turn on the way.
     for request, _ in ctx.ws.collectives.values():
@@ -90,16 +92,16 @@ def allreduce_start(ctx, *grads):
 def allreduce_wait(ctx, token, *grads):
     pending = ctx.ws.collectives.pop(ctx.args.bucket, None)
     if pending is None:
-        raise RuntimeError(f"AllreduceWait '{ctx.args.bucket}' ran without its start")
+        raise InternalError(f"AllreduceWait '{ctx.args.bucket}' ran without its start")
     request, flat = pending
     request.wait()
     flat *= np.float32(1.0 / ctx.ws.comm.size)
-    on_device = _device_buffers(ctx)
+    direct = _device_buffers(ctx) or ctx.xp is np
     outs, offset = [], 0
     for i, g in enumerate(grads):
         part = flat[offset:offset + g.size].reshape(g.shape)
         offset += g.size
         out = ctx.output(i, g.shape, g.dtype)
-        out[...] = part if on_device else ctx.backend.to_device(part)
+        out[...] = part if direct else ctx.backend.to_device(part)
         outs.append(out)
     return tuple(outs)

@@ -17,7 +17,7 @@ import numpy as np
 from netrun.errors import DataError
 from netrun.train.data.databases import DatabaseReader, detect_backend
 from netrun.train.data.datum import datum_image, decode_datum
-from netrun.train.data.image_lists import read_list_file
+from netrun.train.data.image_lists import images_under, read_list_file
 from netrun.train.data.images import IMAGE_SUFFIXES, read_image, resize_image
 
 LIST_SUFFIXES = (".txt", ".list", ".lst")
@@ -49,7 +49,7 @@ def read_image_inputs(spec: str, channels: int, size: tuple[int, int] | None) ->
     if path.is_dir() and _is_database(path):
         return _from_database(path, channels, size)
     if path.is_dir():
-        files = _images_in(path)
+        files = images_under(path)
         if not files:
             raise DataError(f"{path}: no images ({', '.join(IMAGE_SUFFIXES)}) in this folder "
                             f"or below it")
@@ -77,11 +77,6 @@ def _is_database(path: Path) -> bool:
     except DataError:
         return False
     return True
-
-
-def _images_in(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*")
-                  if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
 
 
 def _fit(image: np.ndarray, size: tuple[int, int] | None, first: np.ndarray | None,

@@ -83,14 +83,15 @@ def folder_images(root: Path, classes: list[str]) -> list[tuple[Path, int]]:
     entries = []
     for label, name in enumerate(classes):
         if (root / name).is_dir():
-            entries += [(f, label) for f in _images_under(root / name)]
+            entries += [(f, label) for f in images_under(root / name)]
     if not entries:
         raise DataError(f"{root}: no images in the class folders (looked for "
                         f"{', '.join(IMAGE_SUFFIXES)})")
     return entries
 
 
-def _images_under(folder: Path) -> list[Path]:
+def images_under(folder: Path) -> list[Path]:
+    """The image files in `folder` and below it, sorted (hidden files and folders skipped)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
