@@ -151,7 +151,7 @@ def _model_path(name: str, folder: Path) -> str:
 
 
 def bench_net(torch, name: str, device: str, reps: int, mode: str, folder: Path,
-              tf32: bool = False) -> list[dict]:
+              tf32: bool = False, memory_plan: bool = True) -> list[dict]:
     from netrun import conv as algos
     from netrun.profile.targets import prepare
 
@@ -160,8 +160,9 @@ def bench_net(torch, name: str, device: str, reps: int, mode: str, folder: Path,
     rows = []
     for phase in ("train", "inference"):
         target = prepare(_model_path(name, folder), batch, device,
-                         forward_only=(phase == "inference"))
+                         forward_only=(phase == "inference"), memory_plan=memory_plan)
         backend = target.net.ws.backend
+        getattr(backend, "reset_peak_memory", lambda: None)()   # this net's peak alone
         algos.configure(target.net.ws, mode=mode, tf32=tf32)
         model, shape, classes = torch_net(torch, name)
         model = model.to(tdev)
@@ -193,7 +194,11 @@ def bench_net(torch, name: str, device: str, reps: int, mode: str, folder: Path,
                      "first_run_ms": first, "host_ms": host, "algos": algos_used,
                      "netrun_peak_mb": mem.get("peak_held_bytes", 0) / 2 ** 20,
                      "torch_peak_mb": (torch.cuda.max_memory_allocated() / 2 ** 20
-                                       if tdev == "cuda" else 0.0)})
+                                       if tdev == "cuda" else 0.0),
+                     # what PyTorch's caching allocator held: netrun's figure is CuPy's
+                     # pool's, which also holds freed blocks
+                     "torch_reserved_mb": (torch.cuda.max_memory_reserved() / 2 ** 20
+                                           if tdev == "cuda" else 0.0)})
         del target, model, torch_step
         _free(torch, backend, tdev)
     return rows
@@ -305,6 +310,9 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="gpu", help="gpu, gpu:N, or cpu (a smoke test)")
     parser.add_argument("--tf32", action="store_true",
                         help="let both libraries' cuDNN convolutions use TF32 tensor cores")
+    parser.add_argument("--no-memory-plan", action="store_true",
+                        help="netrun without lifetime planning of activations (every blob "
+                             "its own buffer), to measure what the plan saves")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -336,12 +344,12 @@ def main(argv=None) -> int:
             if key in only:
                 for name in ONLY[key]:
                     rows += bench_net(torch, name, args.device, reps, args.algo_mode,
-                                      Path(folder), args.tf32)
+                                      Path(folder), args.tf32, not args.no_memory_plan)
     if "convs" in only:
         rows += bench_convs(torch, args.device, max(3, reps // 3), args.algo_mode, args.tf32)
     if args.json:
         print(json.dumps({"device": backend.device_name, "algo_mode": args.algo_mode,
-                          "tf32": args.tf32,
+                          "tf32": args.tf32, "memory_plan": not args.no_memory_plan,
                           "rows": rows}, indent=2))
         return 0
     print_table(rows, backend.device_name, args.algo_mode, args.tf32)

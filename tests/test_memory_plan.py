@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import netrun
-from netrun.kernels import jit
 from netrun.backends.cpu import HostBlock, host_block
 from netrun.core import memory
 from netrun.core.memory import MIN_PLAN_BYTES, ScratchArena, UnknownInput, WorkspaceMemory, plan_net
 from netrun.core.net import SimpleNet
 from netrun.core.schema import TensorSpec
+from netrun.kernels import jit
 
 REPO = Path(__file__).resolve().parents[1]
 X_SHAPE, W_SHAPE = (8, 8, 32, 32), (16, 8, 3, 3)
@@ -223,9 +223,10 @@ def test_scratch_estimates_fault_the_arena_in_when_the_net_is_bound(monkeypatch)
 
 
 class _DeviceBackend:
-    """A backend with its own allocator (as CuPy's pool on GPU): no host blocks."""
+    """A backend with its own allocator (as CuPy's pool on GPU) and no activation arena."""
 
     host_memory = False
+    plans_activations = False
 
     def empty(self, shape, dtype):
         return np.empty(shape, dtype)

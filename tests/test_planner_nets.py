@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import netrun
-from netrun.rewrite import bind_rewrite
 from netrun.core.schema import TensorSpec
+from netrun.rewrite import bind_rewrite
 from netrun.train.config import SolverConfig
 from netrun.train.solver import LR, build_training
 
@@ -37,12 +37,12 @@ def _feeds(model, batch: int, overrides: dict, labels: bool = True) -> dict:
 
 
 def train(model, plan: bool, batch: int, overrides: dict | None = None, steps: int = 2,
-          solver: str = "sgd") -> tuple[dict, netrun.Workspace]:
+          solver: str = "sgd", device: str = "cpu") -> tuple[dict, netrun.Workspace]:
     """Parameters, gradients, optimizer state, losses and test metrics after `steps` steps
     of the trainer's nets (step, update, test), bound as the trainer binds them."""
     cfg = SolverConfig(type=solver, momentum=0.9) if solver == "sgd" else SolverConfig(type=solver)
     nets = build_training(model, cfg)
-    ws = netrun.Workspace(seed=0, memory_plan=plan, plan_debug=plan)
+    ws = netrun.Workspace(device, seed=0, memory_plan=plan, plan_debug=plan)
     ws.run_net_once(nets.init)
     keep = [model.loss, *model.metrics, LR]
     for net in (nets.step, nets.update, nets.test):
@@ -68,10 +68,10 @@ def train(model, plan: bool, batch: int, overrides: dict | None = None, steps: i
 
 
 def predict(model, plan: bool, batch: int, overrides: dict | None = None,
-            rewritten: bool = False) -> tuple[dict, Any]:
+            rewritten: bool = False, device: str = "cpu") -> tuple[dict, Any]:
     """The predict net's outputs, three runs on different inputs (rewritten: after the
     bind-time inference rewrites, as infer runs it)."""
-    ws = netrun.Workspace(seed=0, memory_plan=plan, plan_debug=plan)
+    ws = netrun.Workspace(device, seed=0, memory_plan=plan, plan_debug=plan)
     ws.run_net_once(model.init_net)
     rng = np.random.default_rng(1)
     for p in model.params:   # plausible BatchNorm statistics: no NaN hiding a difference

@@ -106,6 +106,16 @@ class Backend:
         `populate` faults it in now; `reserve` asks for address space, paid for on touch."""
         raise NotImplementedError
 
+    # Whether a workspace may share activation memory by lifetime in one arena per workspace
+    # (netrun.core.lifetimes). On a device this needs every op ordered on one stream, so a
+    # value's bytes are rewritten only after the kernels reading them were queued.
+    plans_activations = False
+
+    def arena_bytes(self, nbytes: int) -> Any:
+        """A new array of at least nbytes uint8 on this device: a workspace's activation
+        arena, whose slices (viewed as other dtypes) are the planned blobs."""
+        raise NotImplementedError
+
     def zeros(self, shape, dtype) -> Any:
         return self.xp.zeros(shape, dtype=dtype)
 

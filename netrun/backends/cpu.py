@@ -121,6 +121,15 @@ class CPUBackend(Backend):
     def new_block(self, nbytes: int, populate: bool = False, reserve: bool = False) -> HostBlock:
         return host_block(nbytes, populate, reserve)
 
+    @property
+    def plans_activations(self) -> bool:
+        return self.host_memory
+
+    def arena_bytes(self, nbytes: int) -> np.ndarray:
+        # Faulted in now (in huge pages where the host has them): at bind, not in a run.
+        block = host_block(nbytes, populate=True)
+        return np.ndarray((len(block),), np.uint8, buffer=block)
+
     def owns_data(self, array: Any) -> bool:
         # A buffer carved from a workspace block is not a view of another array.
         base = array.base

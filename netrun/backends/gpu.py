@@ -121,6 +121,15 @@ class GPUBackend(Backend):
             self._peak_held = held
         self.checks.check()
 
+    # Memory ----------------------------------------------------------------------------------
+    # Every op runs on this backend's one stream (cuDNN, cuBLAS and NCCL are handed it too), so
+    # a planned value's bytes are written again only by kernels queued after its last reader.
+    plans_activations = True
+
+    def arena_bytes(self, nbytes: int) -> Any:
+        with self._device, self.stream:
+            return self.xp.empty((nbytes,), dtype=self.xp.uint8)
+
     # Random numbers --------------------------------------------------------------------------
     def new_rng(self, seed: int | None) -> Any:
         """A counter-based device generator whose state is two integers (exact checkpoints)."""
@@ -158,6 +167,10 @@ class GPUBackend(Backend):
         """
         self._peak_held = max(self._peak_held, self.pool.total_bytes())
         return self._peak_held
+
+    def reset_peak_memory(self) -> None:
+        """Start the peak over from what the pool holds now (benchmarks: one net at a time)."""
+        self._peak_held = self.pool.total_bytes()
 
     def memory_stats(self) -> dict[str, int]:
         """Bytes in use, held by the pool, the peak held, and the device's free and total."""

@@ -6,14 +6,15 @@ Nets of a workspace run one after another and no planned value outlives its net'
 large as the largest net's plan. An arena that must grow is mapped anew and every planned
 net gets its views again.
 
-The views are made from a NumPy array over the block, so the CPU backend does not count
-them as owned buffers: an op whose planned view does not fit a run's shapes (a smaller
-last batch) allocates its own rather than reuse another value's memory.
+The views are slices of one byte array (the backend's `arena_bytes`: a NumPy array over a
+mapped block on the CPU, a CuPy array on a GPU), so the backend does not count them as owned
+buffers: an op whose planned view does not fit a run's shapes (a smaller last batch)
+allocates its own rather than reuse another value's memory.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -73,28 +74,28 @@ class NetMemory:
 
 
 class ActivationArena:
-    """The mapped block that every planned net of one workspace carves its values from."""
+    """The byte array that every planned net of one workspace carves its values from."""
 
-    def __init__(self, new_block):
-        self._new_block = new_block
-        self.block: Any = None
-        self.array: np.ndarray | None = None   # the block as bytes; None until mapped
+    def __init__(self, new_bytes: Callable[[int], Any]):
+        self._new_bytes = new_bytes   # nbytes -> a uint8 array on the workspace's device
+        self.array: Any = None        # None until the first plan
         self.size = 0
 
     def ensure(self, nbytes: int) -> bool:
-        """Map a block of at least nbytes (faulted in now); True if a new one was mapped."""
+        """Hold an array of at least nbytes (faulted in now on the host); True if a new one
+        was made."""
         if nbytes <= self.size:
             return False
-        self.block = self._new_block(nbytes, populate=True)
-        self.array = np.ndarray((len(self.block),), np.uint8, buffer=self.block)
-        self.size = len(self.block)
+        self.array = None             # the old one goes first: both at once may not fit
+        self.array = self._new_bytes(nbytes)
+        self.size = len(self.array)
         return True
 
-    def region(self, offset: int, nbytes: int) -> np.ndarray:
+    def region(self, offset: int, nbytes: int) -> Any:
         """nbytes of the arena from offset, as bytes."""
         return self.array[offset:offset + nbytes]
 
-    def view(self, offset: int, spec: TensorSpec) -> np.ndarray:
+    def view(self, offset: int, spec: TensorSpec) -> Any:
         """The array of `spec` at offset."""
         dt = np.dtype(spec.dtype)
         return self.region(offset, spec.size * dt.itemsize).view(dt).reshape(spec.shape)

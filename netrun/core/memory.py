@@ -23,8 +23,10 @@ host (measurements: benchmarks/README.md). Here, on host-memory backends:
   in on first use, in 4 KiB pages (backends.cpu.host_block says why). Outside a net's run
   (direct `ws.scratch` calls) a key keeps its own buffer, as before.
 
-Backends without host memory (GPU: CuPy's caching pool) keep a buffer per scratch key and
-plan nothing.
+Activations share memory by lifetime on every backend that `plans_activations` (the CPU
+and the GPU): one arena per workspace (netrun.core.activations). Backends without host
+memory (GPU: CuPy's caching pool) keep a buffer per scratch key, and have no first-run
+faults to plan away.
 """
 from __future__ import annotations
 
@@ -315,12 +317,13 @@ class WorkspaceMemory:
     def __init__(self, backend: Any, plan: bool = True, debug: bool = False):
         self.backend = backend
         self.stats = MemoryStats()
-        # Lifetime planning of activations (netrun.core.lifetimes): host memory only.
-        self.enabled = bool(plan and backend.host_memory)
+        # Lifetime planning of activations (netrun.core.lifetimes), where the backend has it.
+        self.enabled = bool(plan and backend.plans_activations)
         self.debug = bool(debug)          # poison each value's memory when it dies
         self.keep: set[str] = set()       # blob names the user reads: never shared
         self.min_bytes = MIN_VALUE_BYTES
-        self.activations = ActivationArena(backend.new_block) if backend.host_memory else None
+        self.activations = (ActivationArena(backend.arena_bytes) if backend.plans_activations
+                            else None)
         self.net_plans: dict[str, NetMemory] = {}
         # net name -> its bound net, weakly: the workspace owns nets, and ops let go of
         # their scratch when their net goes
@@ -426,7 +429,7 @@ class WorkspaceMemory:
         """Reserve and fault in what `net`'s first run allocates given the workspace's
         `blobs` (`ws` is handed to scratch estimates, and holds the bound nets), or wait
         for its inputs. `keep` names blobs the user reads after runs: never shared."""
-        if self._planned is None:
+        if self._planned is None and not self.enabled:
             return
         new_keep = set(keep) - self.keep
         self.keep |= new_keep
@@ -466,12 +469,23 @@ class WorkspaceMemory:
             self._waiting.setdefault(e.name, []).append(net)
             return
         in_arena = self._plan_values(net, plan, ws) if self.enabled else None
+        written = {n: s for n, s in buffers.items() if n not in blobs}
+        self._future.update(written)
+        if self._planned is not None:
+            self._plan_first_run(net, plan, in_arena)
+        # Nets reading what this one writes (the update net reads the step net's gradients).
+        for name in written:
+            for waiting in self._waiting.pop(name, ()):
+                self._plan(waiting, blobs, ws)
+
+    def _plan_first_run(self, net: NetDef, plan: NetPlan,
+                        in_arena: set[tuple[int, int]] | None) -> None:
+        """Host memory: one block, faulted in now, for the outputs that the activation arena
+        does not hold, and the scratch arena faulted in up to the largest estimate."""
         outputs = [s for s, w in zip(plan.outputs, plan.where) if w not in (in_arena or ())]
         total = sum(_aligned(max(s.nbytes, 1)) for s in outputs)
         budget.check(total + plan.scratch, f"binding net '{net.name}' (its outputs and "
                                            f"scratch)")
-        written = {n: s for n, s in buffers.items() if n not in blobs}
-        self._future.update(written)
         # A net bound again under its name replaces its plan: the old block's unclaimed room
         # goes (the buffers carved from it live on in their blobs).
         old = self._plan_blocks.pop(net.name, None)
@@ -486,10 +500,6 @@ class WorkspaceMemory:
         if in_arena is not None:     # estimated scratch has its room in the arena
             plan.scratch = 0
         self.stats.scratch_prefaulted += self.arena.prefault(plan.scratch)
-        # Nets reading what this one writes (the update net reads the step net's gradients).
-        for name in written:
-            for waiting in self._waiting.pop(name, ()):
-                self._plan(waiting, blobs, ws)
 
     def _plan_values(self, net: NetDef, plan: NetPlan, ws: Any
                      ) -> set[tuple[int, int]] | None:
@@ -502,9 +512,10 @@ class WorkspaceMemory:
         lt = lifetimes(net, plan.specs, persistent_names(net, others, self.keep),
                        self.min_bytes)
         # Each op's estimated scratch is a value living for that op alone: it goes where
-        # no value live at the op is (slack: every key is aligned).
+        # no value live at the op is (slack: every key is aligned). Only the host's scratch
+        # arena carves from that room; a device keeps a buffer per scratch key.
         for i, nbytes in enumerate(plan.op_scratch):
-            if nbytes > 0:
+            if nbytes > 0 and self.arena is not None:
                 lt.scratch[i] = len(lt.values)
                 lt.values.append(Value(nbytes + SCRATCH_SLACK, i, i))
         placed = lt.values
@@ -533,7 +544,9 @@ class WorkspaceMemory:
                                                                           default=0))
         self.net_plans[net.name] = record
         self._bound[net.name] = weakref.ref(bound)
-        if placement.size > self.activations.size:
+        # The budget is the host's memory; a device arena that does not fit fails CuPy's
+        # allocation with its own out-of-memory error.
+        if placement.size > self.activations.size and self.backend.host_memory:
             budget.check(placement.size, f"the activation arena of net '{net.name}'")
         if self.activations.ensure(placement.size):
             for name, other in self.net_plans.items():   # a new block: views anew

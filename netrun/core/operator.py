@@ -4,8 +4,6 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from netrun.core.registry import find_kernel, find_preparer, kernel_backends
 from netrun.core.schema import Args, TensorSpec, get_schema
 from netrun.errors import InternalError, NetrunError, SchemaError, ShapeError
@@ -174,7 +172,7 @@ class Operator:
         planned = self.ctx._planned[i]
         if (value is planned or (i < len(self._views) and self._views[i])
                 or not self.ws.backend.is_array(value)
-                or not np.may_share_memory(value, self._arena.array)):
+                or not self.ws.backend.xp.may_share_memory(value, self._arena.array)):
             return value
         if planned is not None and planned.shape == value.shape and planned.dtype == value.dtype:
             planned[...] = value

@@ -55,6 +55,24 @@ def test_ranks_share_the_cores_unless_threads_are_set(monkeypatch):
         "/x/mpiexec", "-n", "2", sys.executable, "-m", "netrun", "train", "c.yaml"]
 
 
+def test_ranks_load_the_mpi_library_installed_with_the_launcher(tmp_path):
+    """mpich unpacked outside Python's prefix (pip --target): mpi4py would otherwise load
+    whatever MPI the system has, and each rank would see a world of one."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "lib").mkdir()
+    mpiexec = tmp_path / "bin" / "mpiexec"
+    mpiexec.write_text("")
+    assert launch.launcher_library(str(mpiexec)) is None         # no library beside it
+    (tmp_path / "lib" / "libmpi.so.12").write_text("")
+    library = str(tmp_path / "lib" / "libmpi.so.12")
+    assert launch.launcher_library(str(mpiexec)) == library
+    env = launch.rank_environment(2, {}, mpiexec=str(mpiexec))
+    assert env["MPI4PY_LIBMPI"] == library
+    mine = launch.rank_environment(2, {"MPI4PY_LIBMPI": "/opt/mpi/libmpi.so"}, str(mpiexec))
+    assert mine["MPI4PY_LIBMPI"] == "/opt/mpi/libmpi.so"          # the user's choice stands
+    assert "MPI4PY_LIBMPI" not in launch.rank_environment(2, {})
+
+
 def test_nproc_hands_the_same_command_over(tmp_path, monkeypatch):
     config = tmp_path / "c.yaml"
     config.write_text("{}")

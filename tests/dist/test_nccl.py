@@ -96,6 +96,39 @@ def test_a_cpu_device_or_a_job_of_one_is_left_as_it_is():
     assert not job.calls
 
 
+class _Neighbour(_Job):
+    """Rank 0 of two, whose other rank reports the same GPU key as this one, or another."""
+
+    def __init__(self, same_gpu: bool):
+        super().__init__()
+        self.same_gpu = same_gpu
+
+    def allreduce_sum(self, buf):
+        if buf.shape != (2,):       # not the GPU keys (NCCL's start-up failure count)
+            return super().allreduce_sum(buf)
+        self.calls.append(("allreduce_sum", type(buf).__name__, buf.dtype.name))
+        buf[1] = buf[0] if self.same_gpu else buf[0] + 1
+
+
+@pytest.mark.parametrize("same_gpu", [False, True])
+def test_ranks_on_one_gpu_sum_through_mpi_and_others_through_nccl(emulated_nccl, same_gpu,
+                                                                  caplog):
+    """NCCL refuses two ranks on one GPU: such a job keeps MPI for gradients, and says so."""
+    backend, fake = emulated_nccl
+    job = _Neighbour(same_gpu)
+    with caplog.at_level("WARNING", logger="netrun.dist"):
+        device, comm = gpu_world("gpu:0", job)
+    assert device == "gpu:0"
+    assert job.calls[0] == ("allreduce_sum", "ndarray", "float64")   # the GPUs compared
+    if same_gpu:
+        assert comm is job and not fake.calls
+        assert "ranks share a GPU" in caplog.text and "through MPI" in caplog.text
+    else:
+        assert isinstance(comm, nccl_module.NcclCommunicator) and fake.calls[0][0] == "init"
+        assert "share" not in caplog.text
+        comm.close()
+
+
 # Without CuPy --------------------------------------------------------------------------------
 def test_asking_for_nccl_without_cupy_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)          # as if CuPy were not installed
@@ -377,3 +410,22 @@ def test_two_ranks_on_two_gpus_average_gradients_with_nccl():
     assert rows[0]["digest"] == rows[1]["digest"]       # the same bits on both ranks
     assert all(r["exact"] for r in rows)                # two summands: a + b exactly
     assert all(r["bcast"] == [1.0] * 8 for r in rows)
+
+
+@pytest.mark.gpu
+def test_two_ranks_on_one_gpu_average_gradients_through_mpi():
+    """What a one-GPU machine runs for `--nproc 2 --device gpu`: both ranks on gpu:0, the
+    gradients summed on the host by MPI (NCCL would refuse the shared GPU)."""
+    if _gpus() != 1:
+        pytest.skip("needs CuPy and exactly one CUDA device")
+    import json
+
+    # MPI moves host buffers only (the mpich wheel is not CUDA-aware): no device broadcast.
+    script = _TWO_RANKS.replace("comm.broadcast(x, root=1)", "x[...] = 1")
+    done = run_mpi(2, ["-c", script], timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    rows = sorted((json.loads(line) for line in done.stdout.splitlines()
+                   if line.startswith("{")), key=lambda r: r["rank"])
+    assert [r["device"] for r in rows] == ["gpu:0", "gpu:0"]
+    assert rows[0]["digest"] == rows[1]["digest"] and all(r["exact"] for r in rows)
+    assert "ranks share a GPU" in done.stderr

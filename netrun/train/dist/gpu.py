@@ -9,11 +9,19 @@ and small objects still go through MPI. Nothing here imports CuPy (the backend d
 """
 from __future__ import annotations
 
+import logging
 import os
+import socket
+import zlib
 from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
 
 from netrun.core.comm import Communicator
 from netrun.train.dist.errors import DistError
+
+log = logging.getLogger("netrun.dist")
 
 # This process's index among the ranks of its own machine, as launchers say: MPICH's hydra
 # (and Intel MPI's), Open MPI's, Slurm's srun.
@@ -37,7 +45,7 @@ def choose_gpu(rank: int, device_count: int, environ: Mapping[str, str] | None =
     """'gpu:<n>': the GPU of this rank, n = its local rank modulo the GPUs it sees.
 
     Two ranks of a node on one GPU is not a configuration NCCL runs (it refuses a duplicate
-    GPU in one communicator): start at most as many ranks per node as it has GPUs.
+    GPU in one communicator): gpu_world then sums gradients through MPI on the host.
     """
     if device_count < 1:
         raise DistError("a data-parallel GPU job needs a CUDA device on every node, and this "
@@ -62,4 +70,24 @@ def gpu_world(device: str, comm: Communicator,
     if ":" not in device:
         device = choose_gpu(comm.rank, device_count(), environ)
     backend = get_backend(device)
+    if shares_its_gpu(comm, backend):
+        # NCCL refuses two ranks on one GPU; the host exchange still trains the same.
+        if comm.rank == 0:
+            log.warning("ranks share a GPU (%d ranks, %d GPU(s) on this node): NCCL needs "
+                        "one GPU per rank, so gradients are summed through MPI on the host, "
+                        "which is slower", comm.size, device_count())
+        return backend.device, comm
     return backend.device, NcclCommunicator(comm, backend.index, stream=backend.stream)
+
+
+def shares_its_gpu(comm: Communicator, backend: Any) -> bool:
+    """Whether another rank of the job trains on this rank's GPU (same machine, same PCI
+    address). Collective: every rank calls it."""
+    props = backend.xp.cuda.runtime.getDeviceProperties(backend.index)
+    where = (f"{socket.gethostname()}/{props.get('pciDomainID', 0)}:"
+             f"{props.get('pciBusID', backend.index)}:{props.get('pciDeviceID', 0)}")
+    # Each rank's key in its own slot (a CRC is exact in float64); the sum is every key.
+    keys = np.zeros(comm.size, np.float64)
+    keys[comm.rank] = zlib.crc32(where.encode()) + 1
+    comm.allreduce_sum(keys)
+    return int(np.count_nonzero(keys == keys[comm.rank])) > 1

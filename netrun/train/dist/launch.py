@@ -43,6 +43,21 @@ def find_mpiexec() -> str:
                     f"neither beside {sys.executable} nor on PATH: {INSTALL_HINT}")
 
 
+# mpi4py's variable naming the MPI library to load; the launcher and the library must be one
+# MPI, or every rank sees a world of one.
+LIBMPI_ENV = "MPI4PY_LIBMPI"
+
+
+def launcher_library(mpiexec: str) -> str | None:
+    """The MPI library installed with `mpiexec` (prefix/lib beside prefix/bin, as the mpich
+    wheel and MPI distributions lay it out), or None where there is none."""
+    lib = Path(mpiexec).resolve().parent.parent / "lib"
+    for name in ("libmpi.so.12", "libmpi.so.40", "libmpi.so", "libmpi.dylib"):
+        if (lib / name).is_file():
+            return str(lib / name)
+    return None
+
+
 def usable_cores() -> int:
     """The cores this process may run on."""
     try:
@@ -51,11 +66,18 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def rank_environment(nproc: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The ranks' environment: this one, with NETRUN_THREADS = cores // nproc unless set."""
+def rank_environment(nproc: int, environ: Mapping[str, str] | None = None,
+                     mpiexec: str | None = None) -> dict[str, str]:
+    """The ranks' environment: this one, with NETRUN_THREADS = cores // nproc unless set,
+    and mpi4py pointed at the MPI library of `mpiexec` unless told which to load."""
     env = dict(os.environ if environ is None else environ)
     if not env.get(THREADS_ENV, "").strip():
         env[THREADS_ENV] = str(max(1, usable_cores() // nproc))
+    # mpi4py looks for libmpi in Python's prefix, then the system's: where mpich came as a
+    # wheel outside the prefix (pip --target) it would load a system MPI instead.
+    library = launcher_library(mpiexec) if mpiexec else None
+    if library is not None and not env.get(LIBMPI_ENV, "").strip():
+        env[LIBMPI_ENV] = library
     return env
 
 
@@ -70,8 +92,9 @@ def launch(nproc: int, args: Sequence[str], note: Callable[[str], None] | None =
         raise DistError(f"--nproc {nproc} starts its own ranks, but this process is already "
                         f"one of {launched_size()} started by an MPI launcher: give either "
                         f"--nproc or mpiexec -n, not both")
-    cmd = command(nproc, args, find_mpiexec())
-    env = rank_environment(nproc)
+    mpiexec = find_mpiexec()
+    cmd = command(nproc, args, mpiexec)
+    env = rank_environment(nproc, mpiexec=mpiexec)
     if note is not None:
         note(f"starting {nproc} ranks, {env[THREADS_ENV]} thread(s) each: "
              f"{subprocess.list2cmdline(cmd)}")

@@ -75,8 +75,9 @@ def world(timeout: float | None = None) -> Communicator:
         raise DistError(
             f"the launcher started {size} ranks, but MPI sees {comm.Get_size()}: the mpiexec "
             f"that started this job is not the MPI that mpi4py uses ({_library(MPI)}). Start "
-            f"it with the mpiexec beside {sys.executable}, or `netrun train ... --nproc "
-            f"{size}`")
+            f"it with that MPI's mpiexec, or point mpi4py at the launcher's library "
+            f"(MPI4PY_LIBMPI=/path/to/libmpi.so.12), or use `netrun train ... --nproc "
+            f"{size}`, which does so")
     _WORLD.append(MpiCommunicator(comm, timeout))
     return _WORLD[0]
 
