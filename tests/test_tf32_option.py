@@ -50,3 +50,21 @@ def test_profile_takes_tf32_and_cpu_convolutions_are_unchanged():
     algos = [{o["name"]: o["algo"] for o in json.loads(r.stdout)["ops"] if o["algo"]}
              for r in (plain, tf32)]
     assert algos[0] == algos[1] and algos[0]   # no CPU algorithm is reduced-precision
+
+
+def test_a_pick_made_before_tf32_is_turned_on_is_made_again(monkeypatch):
+    """Nets bound before `configure(tf32=True)` (a memory plan picks algorithms at bind) must
+    not keep their float32-only picks: the rules' memo is keyed by the TF32 setting too."""
+    from netrun.conv import configure, select
+    from netrun.conv.problem import ConvProblem
+
+    monkeypatch.setattr(select, "candidates", lambda p, settings, backend: (
+        ["a TF32 engine", "float32"] if settings.tf32 else ["float32"]))
+    monkeypatch.setattr(select, "rule_choice", lambda p, pool, direction, backend, xp: pool[0])
+    ws = netrun.Workspace("cpu")
+    p = ConvProblem(2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+    assert select.choose(ws.conv, p, "forward", ws.backend) == "float32"
+    configure(ws, tf32=True)
+    assert select.choose(ws.conv, p, "forward", ws.backend) == "a TF32 engine"
+    configure(ws, tf32=False)
+    assert select.choose(ws.conv, p, "forward", ws.backend) == "float32"

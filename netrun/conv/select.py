@@ -89,7 +89,10 @@ def _ruled(state: ConvState, p: ConvProblem, direction: str, backend: Any,
            settings: AlgoSettings) -> ConvAlgorithm:
     """The rules' pick, remembered in the workspace's conv state: a net's bind-time memory
     plan asks for the same problems its first run then needs."""
-    key = (p, direction, backend.name, settings.mode, settings.workspace_limit, jit.available())
+    # Every setting that changes the candidates is in the key (a bind-time pick made before
+    # `configure(tf32=True)` must not outlive it).
+    key = (p, direction, backend.name, settings.mode, settings.workspace_limit, settings.tf32,
+           jit.available())
     if key not in state.picks:
         state.picks[key] = rule_choice(p, candidates(p, settings, backend.name), direction,
                                        backend.name, backend.xp)
