@@ -111,7 +111,12 @@ class GPUBackend(Backend):
         return host
 
     def synchronize(self) -> None:
-        self.stream.synchronize()
+        # The whole device, not this stream: on an H200 (cuDNN 9.14), a deterministic
+        # backward-filter plan queued here took 3.5 ms by CUDA events and by a device sync,
+        # but cudaStreamSynchronize on this stream returned after 0.05 ms. Some of cuDNN's
+        # work is not on the handle's stream (a blocking stream still orders after it), so a
+        # stream sync made timings (the exhaustive search, benchmarks) count only launches.
+        self._device.synchronize()
         self._after_sync()
 
     def _after_sync(self) -> None:
@@ -122,8 +127,9 @@ class GPUBackend(Backend):
         self.checks.check()
 
     # Memory ----------------------------------------------------------------------------------
-    # Every op runs on this backend's one stream (cuDNN, cuBLAS and NCCL are handed it too), so
-    # a planned value's bytes are written again only by kernels queued after its last reader.
+    # Every op runs on this backend's one stream (cuDNN, cuBLAS and NCCL are handed it too;
+    # what a library puts on the legacy default stream is ordered with it, as the stream is a
+    # blocking one), so a planned value's bytes are written again only after its last reader.
     plans_activations = True
 
     def arena_bytes(self, nbytes: int) -> Any:
