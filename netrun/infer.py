@@ -85,16 +85,18 @@ class Predictor:
         return self.classes[index]
 
     @classmethod
-    def from_model(cls, path: str | os.PathLike, weights: str | os.PathLike,
+    def from_model(cls, path: str | os.PathLike, weights: str | os.PathLike | None,
                    device: str = "cpu", fuse: bool = True,
                    memory_plan: bool = True, executor: str = "simple") -> "Predictor":
-        """A model file (.prototxt, .yaml, .pbtxt, .pb) with weights from a caffemodel, a
-        checkpoint or a Caffe2 init net (.pb, .pbtxt). A model that gives no input shape (a
-        Caffe2 predict net) takes its shape from each batch fed to it."""
+        """A model file (.prototxt, .yaml, .pbtxt, .pb, .onnx) with weights from a caffemodel,
+        a checkpoint or a Caffe2 init net (.pb, .pbtxt); None: the model's own (an ONNX
+        file's initializers). A model that gives no input shape (a Caffe2 predict net) takes
+        its shape from each batch fed to it."""
         model = load_model(path)
         ws = Workspace(device, seed=0, memory_plan=memory_plan, executor=executor)
         ws.run_net_once(model.init_net)
-        load_weights(ws, weights, model)
+        if weights is not None:
+            load_weights(ws, weights, model)
         inputs = {n: (None if s is None else [list(s.shape), s.dtype]) for n, s in model.inputs.items()}
         config = None
         if hasattr(model, "data_layers"):      # a Caffe net: its TEST data layer's transform

@@ -36,9 +36,12 @@ def load_weights(ws, path: str | Path, model, partial: bool = False) -> str:
             return _from_checkpoint(ws, info, model, partial)
     if is_caffe2_netdef(path):
         return _from_init_net(ws, path, model, partial)
-    if not hasattr(model, "layer_params"):
-        raise CheckpointError(f"{path}: Caffe weights load into Caffe nets (by layer name); "
-                              f"this model is not a Caffe .prototxt")
+    # By layer name: a Caffe .prototxt, or a model whose parameters name their layers (one
+    # converted from a prototxt keeps them under `params:`).
+    if not hasattr(model, "layer_params") and not (model.params and
+                                                   all(p.layer for p in model.params)):
+        raise CheckpointError(f"{path}: Caffe weights load by layer name into Caffe nets, or "
+                              f"models whose parameters name their layers; this one does not")
     return load_caffe_weights(ws, path, model, partial).summary()
 
 

@@ -243,8 +243,8 @@ def test_empty_prototxt_and_unknown_formats_fail(tmp_path):
     (tmp_path / "m.prototxt").write_text('name: "x"\n')
     with pytest.raises(ParseError, match="m.prototxt:1:1: net 'x' has no layers"):
         load_model(tmp_path / "m.prototxt")
-    (tmp_path / "m.onnx").write_text("")
-    with pytest.raises(NetrunError, match="unknown model format '.onnx'"):
-        load_model(tmp_path / "m.onnx")
+    (tmp_path / "m.tflite").write_text("")
+    with pytest.raises(NetrunError, match="unknown model format '.tflite'"):
+        load_model(tmp_path / "m.tflite")
     with pytest.raises(ParseError, match="no such model file"):
         load_model(tmp_path / "missing.yaml")

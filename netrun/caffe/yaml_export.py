@@ -2,10 +2,14 @@
 
 The layer form cannot say everything a Caffe net does (in-place renames, BatchNorm's three
 statistics blobs, Scale broadcasts), so this writes the raw form: `inputs`, `init_ops`
-(fillers), `ops` (the TRAIN phase, plus the TEST phase's metric ops), `predict_ops`, `loss`,
-`metrics`, `outputs`. The raw form has no place for per-parameter lr_mult/decay_mult, for
-statistics that are saved but not trained, or for the data layers; the header comment lists
-what was left out, so the YAML model is exact for inference and close for training.
+(fillers), `params` (per parameter: its Caffe layer and role, lr_mult and decay_mult where
+they are not 1, and `trainable: false` for BatchNorm's statistics, which are saved but never
+trained), `ops` (the TRAIN phase, plus the TEST phase's metric ops), `predict_ops`, `loss`,
+`metrics`, `outputs`. Training from the YAML takes the same steps as training from the
+prototxt. What stays out is the data layers (the training config names the data instead) and
+the TEST phase's own ops: the YAML's test net is its train net in test mode, which is the
+TEST phase unless the prototxt gives that phase other layers. The header comment lists the
+data layers left out.
 """
 from __future__ import annotations
 
@@ -39,16 +43,29 @@ def _train_ops(model) -> tuple[list[OperatorDef], list[str]]:
     return ops, metrics
 
 
+def _params(model) -> dict[str, dict[str, Any]]:
+    """Per parameter: Caffe layer and role, and the solver settings that are not defaults."""
+    out = {}
+    for p in model.params:
+        d: dict[str, Any] = {}
+        if p.layer:
+            d["layer"] = p.layer
+        d["role"] = p.role
+        for key in ("lr_mult", "decay_mult"):
+            if getattr(p, key) != 1.0:
+                d[key] = _number(getattr(p, key))
+        if not p.trainable and p.lr_mult != 0:
+            d["trainable"] = False
+        out[p.name] = d
+    return out
+
+
+def _number(v: float) -> int | float:
+    return int(v) if float(v).is_integer() else float(v)
+
+
 def _left_out(model) -> list[str]:
     notes = []
-    mults = [f"{p.name} (lr_mult {p.lr_mult:g}, decay_mult {p.decay_mult:g})"
-             for p in model.params if (p.lr_mult, p.decay_mult) != (1.0, 1.0) and p.trainable]
-    if mults:
-        notes.append("per-parameter multipliers: " + ", ".join(mults))
-    frozen = [p.name for p in model.params if not p.trainable]
-    if frozen:
-        notes.append("parameters that are saved but not trained (the raw form trains every "
-                     "init_ops output): " + ", ".join(frozen))
     for d in getattr(model, "data_layers", []):
         notes.append(f"{d.type} layer '{d.name}' ({d.phase}): source {d.source}, batch_size "
                      f"{d.batch_size}, transform {d.transform or 'none'}")
@@ -62,6 +79,7 @@ def caffe_to_yaml(model) -> str:
     doc["inputs"] = {n: {"shape": list(s.shape), "dtype": s.dtype}
                      for n, s in model.inputs.items() if s is not None}
     doc["init_ops"] = [_op(o) for o in model.init_net.ops]
+    doc["params"] = _params(model)
     doc["ops"] = [_op(o) for o in ops]
     doc["predict_ops"] = [_op(o) for o in model.predict_net.ops]
     if model.loss:
@@ -72,7 +90,7 @@ def caffe_to_yaml(model) -> str:
     header = [f"# {model.name}: converted from {model.source_path or 'a Caffe net'} by netrun."]
     notes = _left_out(model)
     if notes:
-        header.append("# Not expressible in this raw form, and left out:")
+        header.append("# Left out (give the data in the training config):")
         header += [f"#   - {n}" for n in notes]
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100,
                           allow_unicode=True)

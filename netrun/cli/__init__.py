@@ -108,7 +108,9 @@ def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     ctx.exit()
 
 
-@click.group(cls=NetrunGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=NetrunGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Exit status: 0 done, 1 a bug in netrun, 2 bad input (a file, an option), "
+                    "128+N stopped by signal N.")
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
               help="Show the version and the engines found (BLAS, Numba, oneDNN, CuPy, MPI).")
 @click.option("--debug", is_flag=True, envvar="NETRUN_DEBUG",
@@ -118,12 +120,28 @@ def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
 @click.option("--color/--no-color", default=None,
               help="Force colour on or off (default: on for terminals, off with NO_COLOR).")
 def cli(debug: bool, verbose: int, quiet: int, color: bool | None) -> None:
-    """netrun: run deep-learning models written as layer YAML or Caffe2/Caffe nets."""
+    """netrun: run deep-learning models written as layer YAML or Caffe2/Caffe nets.
+
+    Train a model from a config, predict with its checkpoint, look inside a net (shapes,
+    parameters, FLOPs), time its operators, draw it, export it to ONNX. `netrun COMMAND
+    --help` explains a command's options, with examples.
+
+    \b
+    Examples:
+      netrun train configs/quickstart.yaml          # LeNet on generated digits, on the CPU
+      netrun infer runs/quickstart/best.h5 generated:test
+      netrun inspect zoo/lenet.yaml --batch 64
+      netrun profile zoo/lenet.yaml --batch 64
+      netrun ops Conv
+    """
     from netrun.train.dist import launched_rank
 
     # In a data-parallel job rank 0 speaks for all; the others say only what goes wrong.
     quiet += 1 if launched_rank() != 0 else 0
     console.configure(color=color, verbosity=verbose - quiet, debug=debug)
+    # Silent waits below (rendering data, compiling kernels, downloads) get a spinner on a
+    # terminal for as long as the command runs (netrun.util.progress).
+    click.get_current_context().with_resource(console.waits())
 
 
 def main() -> None:

@@ -12,16 +12,33 @@ _CACHE_DIR = click.option(
     help="Cache folder. [env: NETRUN_CACHE_DIR; default: ~/.cache/netrun/algos]")
 
 
-@click.group("algos")
+@click.group("algos", short_help="The convolution algorithm cache (list, clear).")
 def algos() -> None:
-    """The convolution algorithm cache: which algorithm won for each problem, and timings."""
+    """The convolution algorithm cache: which algorithm won for each problem, and timings.
+
+    `netrun train` and `netrun profile` with --algo-search exhaustive time every applicable
+    convolution algorithm once per problem and keep the fastest here, so later runs start
+    with it.
+
+    \b
+    Examples:
+      netrun algos list
+      netrun algos list --json
+      netrun algos clear --yes
+    """
 
 
-@algos.command("list")
+@algos.command("list", short_help="Show the cached problems and the known algorithms.")
 @_CACHE_DIR
 @click.option("--json", "as_json", is_flag=True, help="Print entries and algorithms as JSON.")
 def list_(cache_dir: str | None, as_json: bool) -> None:
-    """Show every cached problem with its fastest algorithm, and the known algorithms."""
+    """Show every cached problem with its fastest algorithm, and the known algorithms.
+
+    \b
+    Examples:
+      netrun algos list
+      netrun algos list --cache-dir /tmp/algos --json
+    """
     from netrun.conv import cache  # lazy: loaded when the command runs
 
     folder = cache_dir or str(cache.default_cache_dir())
@@ -45,11 +62,17 @@ def list_(cache_dir: str | None, as_json: bool) -> None:
                    for a in _algorithms()))
 
 
-@algos.command("clear")
+@algos.command("clear", short_help="Delete the cache files.")
 @_CACHE_DIR
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def clear(cache_dir: str | None, yes: bool) -> None:
-    """Delete the cache files (the next exhaustive run searches again)."""
+    """Delete the cache files (the next exhaustive run searches again).
+
+    \b
+    Examples:
+      netrun algos clear
+      netrun algos clear --yes      # without asking
+    """
     from netrun.conv import cache  # lazy: loaded when the command runs
 
     folder = cache_dir or str(cache.default_cache_dir())

@@ -1,7 +1,8 @@
 """The one console of the CLI: data on stdout, diagnostics on stderr, colour only when wanted.
 
 Colour follows `--color/--no-color`, else NO_COLOR, else whether the stream is a terminal
-(rich decides). Progress displays are for terminals only (`console.interactive`).
+(rich decides). Progress displays are for terminals only (`console.interactive`): the
+spinner that names a silent wait (`console.waits()`, fed by netrun.util.progress) too.
 
 Output is never a reason to stop: a closed pipe (`netrun train cfg | head -1`) or a vanished
 terminal (SIGHUP) silences that stream for the rest of the process, and the command goes on
@@ -14,7 +15,8 @@ import json
 import math
 import os
 import sys
-from typing import Any, Iterable, NoReturn, Sequence
+import threading
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence
 
 import click
 from rich.console import Console as RichConsole
@@ -135,6 +137,111 @@ class Console:
 
     def error(self, message: str) -> None:
         self.err.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+
+    # Waits (stderr) --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def waits(self, show: Callable[[str | None], None] | None = None) -> Iterator[None]:
+        """Show the activities that lower layers announce (netrun.util.progress) inside the
+        block: through `show(words)` / `show(None)` when given (a live progress bar's own
+        line), else as a spinner on stderr; nothing when stderr is not a terminal or -q."""
+        from netrun.util.progress import reporting
+
+        if not self.interactive or self.verbosity < 0:
+            with reporting(None):
+                yield
+            return
+        waits = Waits(show or _Spinner(self.err).show)
+        try:
+            with reporting(waits):
+                yield
+        finally:
+            waits.close()
+
+
+class Waits:
+    """A progress reporter (netrun.util.progress.Reporter) that shows the innermost
+    activity's words once the outermost has lasted DELAY seconds, and clears them when the
+    last one ends: a wait that ends sooner shows nothing (no flicker of cache loads)."""
+
+    DELAY = 0.4
+
+    def __init__(self, show: Callable[[str | None], None]):
+        self._show_words, self._words = show, []
+        self._shown, self._timer = False, None
+        # begin/end come from the command's thread, the first show from the timer's.
+        self._lock = threading.Lock()
+
+    def begin(self, words: str) -> None:
+        """An activity started (see netrun.util.progress.Reporter)."""
+        with self._lock:
+            self._words.append(words)
+            if self._shown:
+                self._show_words(words)
+            elif self._timer is None:
+                self._timer = threading.Timer(self.DELAY, self._show_now)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def end(self) -> None:
+        """The innermost activity ended."""
+        with self._lock:
+            if self._words:
+                self._words.pop()
+            if self._words:
+                if self._shown:
+                    self._show_words(self._words[-1])
+                return
+            self._stop()
+
+    def close(self) -> None:
+        """Clear whatever is shown (the block that installed this reporter is over)."""
+        with self._lock:
+            self._words.clear()
+            self._stop()
+
+    def _show_now(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._words and not self._shown:
+                self._shown = True
+                self._show_words(self._words[-1])
+
+    def _stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._shown:
+            self._shown = False
+            self._show_words(None)
+
+
+class _Spinner:
+    """A rich spinner on stderr with the given words; show(None) removes it."""
+
+    def __init__(self, err: RichConsole):
+        self.err, self.status = err, None
+
+    def show(self, words: str | None) -> None:
+        if words is None:
+            if self.status is not None:
+                self.status.stop()
+                self.status = None
+        elif self.status is None:
+            from rich.errors import LiveError
+
+            status = self.err.status(_one_line(words))
+            try:
+                status.start()
+            except LiveError:    # a progress bar owns the terminal: it says what happens
+                return
+            self.status = status
+        else:
+            self.status.update(_one_line(words))
+
+
+def _one_line(words: str) -> Text:
+    # A spinner line that wraps leaves its second line behind on some terminals.
+    return Text(words, no_wrap=True, overflow="ellipsis")
 
 
 def json_text(data: Any, indent: int | None = 2) -> str:

@@ -17,13 +17,20 @@ _BACKEND = click.option("--backend", type=click.Choice(["lmdb", "leveldb"]), def
                         help="The database's kind (default: found from its files).")
 
 
-@click.group("data")
+@click.group("data", short_help="Image databases: build, mean image, describe.")
 def data() -> None:
     """Image databases (LMDB, LevelDB) of Caffe Datum records: build one from image files,
-    compute its mean image, describe what it holds."""
+    compute its mean image, describe what it holds.
+
+    \b
+    Examples:
+      netrun data build photos/ train_lmdb --resize 32x32 --shuffle --seed 1
+      netrun data mean train_lmdb -o mean.binaryproto
+      netrun data describe train_lmdb
+    """
 
 
-@data.command("build")
+@data.command("build", short_help="Write image files to a new LMDB/LevelDB (convert_imageset).")
 @click.argument("source", metavar="INPUT", type=click.Path())
 @click.argument("out", metavar="OUT", type=click.Path())
 @click.option("--root", default="", metavar="FOLDER",
@@ -83,7 +90,7 @@ def build(source, out, root, resize, resize_height, resize_width, gray, shuffle,
     _build_summary(summary)
 
 
-@data.command("mean")
+@data.command("mean", short_help="The mean image of a database (compute_image_mean).")
 @click.argument("database", metavar="DB", type=click.Path())
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Write the mean image: .binaryproto (Caffe's BlobProto, 1 x C x H x W, "
@@ -124,7 +131,7 @@ def mean(database, output, backend, as_json) -> None:
         console.line(f"mean_value channel [{c}]: {value:.6g}")
 
 
-@data.command("describe")
+@data.command("describe", short_help="What a database holds: records, shapes, labels.")
 @click.argument("database", metavar="DB", type=click.Path())
 @click.option("--grid", type=click.Path(dir_okay=False),
               help="Write the first --samples images as one picture (.png), in rows of "

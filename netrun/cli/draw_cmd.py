@@ -7,10 +7,8 @@ import click
 
 from netrun.cli.console import console
 
-CHECKPOINT_SUFFIXES = (".h5", ".hdf5")
 
-
-@click.command("draw")
+@click.command("draw", short_help="Draw a net as a picture (DOT, SVG, PNG).")
 @click.argument("model_path", metavar="MODEL|CHECKPOINT", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="FILE",
               help="Write FILE: .dot (DOT text), .svg or .png (drawn by Graphviz's `dot`; "
@@ -22,19 +20,20 @@ CHECKPOINT_SUFFIXES = (".h5", ".hdf5")
 @click.option("-b", "--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Batch size in front of the inputs' shapes.")
 def draw(model_path: str, output: str | None, which: str, batch: int) -> None:
-    """Draw a net: one box per layer with its type, output shapes and parameter count.
+    """Draw a net of MODEL (a model file) or CHECKPOINT (a netrun .h5): one box per layer
+    with its type, output shapes and parameter count.
 
     \b
-    Example:
+    Examples:
       netrun draw zoo/lenet.yaml -o lenet.svg
       netrun draw runs/lenet/best.h5 --net train -o lenet.dot
       netrun draw zoo/lenet.yaml | dot -Tpng -o lenet.png
     """
-    from netrun.cli.inspect_cmd import report  # lazy: loaded when the command runs
+    from netrun.cli.inspect_cmd import load_model_or_checkpoint, report  # lazy
     from netrun.errors import NetrunError  # lazy
     from netrun.tools.net_drawing import GET_DOT, net_dot, render  # lazy
 
-    model = _load(model_path)
+    model = load_model_or_checkpoint(model_path)
     text = net_dot(report(model, which, batch, {}))
     if output is None:
         console.text(text)
@@ -61,29 +60,3 @@ def _write(path: Path, text: str) -> None:
     from netrun.util.atomic import write_text_atomic  # lazy: loaded when the command runs
 
     write_text_atomic(path, text)
-
-
-def _load(path: str):
-    """A Model from a model file, or from the nets and shapes a netrun checkpoint stores."""
-    if Path(path).suffix.lower() not in CHECKPOINT_SUFFIXES:
-        from netrun.model import load_model  # lazy: loaded when the command runs
-
-        return load_model(path)
-    from netrun.core.schema import TensorSpec  # lazy
-    from netrun.errors import CheckpointError  # lazy
-    from netrun.model.model import Model, Param  # lazy
-    from netrun.train import checkpoint as ckpt  # lazy
-
-    if not Path(path).is_file():
-        raise CheckpointError(f"no such checkpoint: {path}")
-    info = ckpt.read_info(path)
-    meta = info.meta.get("model", {})
-    inputs = {n: None if v is None else TensorSpec(tuple(v[0]), v[1])
-              for n, v in (meta.get("inputs") or {}).items()}
-    params = [Param(n, tuple(info.shapes[n]) if n in info.shapes else None)
-              for n in info.params]
-    return Model(name=meta.get("name", Path(path).stem), init_net=info.net("init"),
-                 train_net=info.net("test"), predict_net=info.net("predict"), inputs=inputs,
-                 params=params, outputs=list(meta.get("outputs", [])), loss=meta.get("loss"),
-                 metrics=list(meta.get("metrics", [])), source_path=str(path),
-                 labels=list(meta.get("labels", [])))

@@ -7,12 +7,12 @@ import click
 
 from netrun.cli.console import console
 
-MODEL_SUFFIXES = (".prototxt", ".yaml", ".yml", ".pbtxt", ".pb.txt", ".pb")
+MODEL_SUFFIXES = (".prototxt", ".yaml", ".yml", ".pbtxt", ".pb.txt", ".pb", ".onnx")
 
 
-@click.command(epilog="""\b
+@click.command(short_help="Export a checkpoint or model to ONNX.", epilog="""\b
 Examples:
-  netrun export runs/lenet/checkpoint.h5 lenet.onnx
+  netrun export runs/quickstart/best.h5 lenet.onnx
   netrun export deploy.prototxt alexnet.onnx --weights bvlc_alexnet.caffemodel
   netrun export zoo/resnet20.yaml resnet20.onnx --opset 13 --batch 1
 """)
@@ -26,8 +26,15 @@ Examples:
 @click.option("--batch", type=click.IntRange(1),
               help="A fixed batch size for the input; default: a symbolic 'batch' dimension.")
 def export(source, output, weights, opset, batch):
-    """Export the predict net and its parameters to an ONNX file, checked by onnx.checker."""
+    """Export the predict net of CHECKPOINT (a netrun .h5) or MODEL (with --weights) and its
+    parameters to the ONNX file OUT.onnx, checked by onnx.checker. Needs the onnx extra."""
     from netrun.export import export_onnx, source_from_checkpoint, source_from_model
+    from netrun.train.config import is_train_config  # lazy: loaded when the command runs
+
+    if is_train_config(source):
+        raise click.UsageError(f"{source} is a train config: export the checkpoint its run "
+                               f"wrote (e.g. its output folder's best.h5), or its model with "
+                               f"--weights")
     if source.endswith(MODEL_SUFFIXES):
         src = source_from_model(source, weights)
     else:

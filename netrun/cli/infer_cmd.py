@@ -9,16 +9,18 @@ from netrun.cli.console import console, json_text
 from netrun.errors import NetrunError
 
 SHOWN = 20
-MODEL_SUFFIXES = (".prototxt", ".yaml", ".yml", ".pbtxt", ".pb.txt", ".pb")
+MODEL_SUFFIXES = (".prototxt", ".yaml", ".yml", ".pbtxt", ".pb.txt", ".pb", ".onnx")
 
 
-@click.command()
+@click.command(short_help="Predict with a checkpoint (or a model and its weights).")
 @click.argument("checkpoint", metavar="CHECKPOINT|MODEL", type=click.Path(dir_okay=False))
 @click.argument("input", metavar="INPUT")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Write predictions to .npy (probabilities), .npz, .json or .csv.")
-@click.option("-k", "--top-k", type=click.IntRange(1), default=1, show_default=True)
-@click.option("-b", "--batch-size", type=click.IntRange(1), default=256, show_default=True)
+@click.option("-k", "--top-k", type=click.IntRange(1), default=1, show_default=True,
+              help="How many of the most probable classes to show per example.")
+@click.option("-b", "--batch-size", type=click.IntRange(1), default=256, show_default=True,
+              help="Examples per forward pass (memory, not results, depends on it).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, gpu or gpu:N.")
 @click.option("--data-dir", help="Folder holding the dataset of a SOURCE:PART input.")
 @click.option("--raw", is_flag=True, help="Feed INPUT as is, without the training config's "
@@ -60,18 +62,13 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
     """
     import numpy as np
 
-    from netrun.infer import Predictor, load_inputs, score  # lazy: loaded when the command runs
+    from netrun.infer import load_inputs, score  # lazy: loaded when the command runs
+    from netrun.util.progress import activity  # lazy
 
-    if checkpoint.lower().endswith(MODEL_SUFFIXES):
-        predictor = Predictor.from_model(checkpoint, _weights_of(checkpoint, weights, init_net),
-                                         device, fuse=not no_fuse,
-                                         memory_plan=not no_memory_plan, executor=executor)
-    elif init_net:
-        raise NetrunError(f"--init goes with a Caffe2 predict net (predict_net.pb or .pbtxt); "
-                          f"{checkpoint} is a checkpoint, which holds its own weights")
-    else:
-        predictor = Predictor.from_checkpoint(checkpoint, device, fuse=not no_fuse,
-                                              memory_plan=not no_memory_plan, executor=executor)
+    # Binding compiles the net's Numba kernels on a first run: many seconds without a word.
+    with activity("preparing the net (a first run compiles kernels, cached for later runs)"):
+        predictor = _predictor(checkpoint, weights, init_net, device, no_fuse, no_memory_plan,
+                               executor)
     console.detail(f"bind-time rewrites: {predictor.rewritten.summary()}")
     inputs = load_inputs(input, predictor, data_dir, transform=not raw)
     for warning in inputs.warnings:
@@ -110,13 +107,37 @@ def infer(checkpoint, input, output, top_k, batch_size, device, data_dir, raw, s
                      f"on {scores['examples']} examples of {input}")
 
 
-def _weights_of(model: str, weights: str | None, init_net: str | None) -> str:
-    """The one weights file a MODEL runs with: --weights, or --init for a Caffe2 net."""
+def _predictor(checkpoint: str, weights: str | None, init_net: str | None, device: str,
+               no_fuse: bool, no_memory_plan: bool, executor: str):
+    """The bound predict net of a checkpoint, or of a model file and its weights."""
+    from netrun.infer import Predictor  # lazy: loaded when the command runs
+
+    options = {"fuse": not no_fuse, "memory_plan": not no_memory_plan, "executor": executor}
+    from netrun.train.config import is_train_config  # lazy
+
+    if is_train_config(checkpoint):
+        raise NetrunError(f"{checkpoint} is a train config: predict with the checkpoint its "
+                          f"run wrote (best.h5 or last.h5 in its output folder)")
+    if checkpoint.lower().endswith(MODEL_SUFFIXES):
+        return Predictor.from_model(checkpoint, _weights_of(checkpoint, weights, init_net),
+                                    device, **options)
+    if init_net or weights:
+        given = "--init goes with a Caffe2 predict net (predict_net.pb or .pbtxt)" if init_net \
+            else "--weights goes with a MODEL file (.prototxt, .yaml, .pbtxt, .pb)"
+        raise NetrunError(f"{given}; {checkpoint} is a checkpoint, which holds its own weights")
+    return Predictor.from_checkpoint(checkpoint, device, **options)
+
+
+def _weights_of(model: str, weights: str | None, init_net: str | None) -> str | None:
+    """The one weights file a MODEL runs with: --weights, or --init for a Caffe2 net (None:
+    an ONNX model, whose initializers are its weights)."""
     from netrun.proto.io import is_caffe2_netdef  # lazy: loaded when the command runs
 
-    caffe2 = is_caffe2_netdef(model)
     if weights and init_net:
         raise NetrunError("give the weights once: --init INIT_NET or --weights FILE, not both")
+    if model.lower().endswith(".onnx") and not (weights or init_net):
+        return None
+    caffe2 = is_caffe2_netdef(model)
     if init_net and not is_caffe2_netdef(init_net):
         raise NetrunError(f"--init {init_net}: an init net is a Caffe2 NetDef (.pb, .pbtxt); "
                           f"give a caffemodel or a checkpoint with --weights")

@@ -1,4 +1,4 @@
-"""`netrun inspect MODEL`: blobs, shapes, parameters and FLOPs of a model's nets."""
+"""`netrun inspect MODEL|CHECKPOINT`: blobs, shapes, parameters and FLOPs of a model's nets."""
 from __future__ import annotations
 
 import re
@@ -10,6 +10,26 @@ from netrun.cli.console import console
 
 NETS = ("init", "train", "test", "predict")
 DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8")
+CHECKPOINT_SUFFIXES = (".h5", ".hdf5")
+
+
+def load_model_or_checkpoint(path: str):
+    """A Model from a model file, from the nets and shapes a netrun checkpoint stores, or
+    the model a train config names."""
+    from pathlib import Path  # lazy: loaded when the command runs
+
+    if Path(path).suffix.lower() not in CHECKPOINT_SUFFIXES:
+        from netrun.model import load_model  # lazy
+        from netrun.train.config import is_train_config, load_config  # lazy
+
+        if is_train_config(path):
+            model = load_config(path).model
+            console.detail(f"{path} is a train config: its model is {model}")
+            return load_model(model)
+        return load_model(path)
+    from netrun.train.checkpoint import model_from_checkpoint  # lazy
+
+    return model_from_checkpoint(path)
 
 
 def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict:
@@ -36,21 +56,24 @@ def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, 
     return specs
 
 
-@click.command("inspect")
-@click.argument("model_path", metavar="MODEL", type=click.Path(dir_okay=False))
+@click.command("inspect", short_help="Shapes, parameters and FLOPs of a model or checkpoint.")
+@click.argument("model_path", metavar="MODEL|CHECKPOINT", type=click.Path(dir_okay=False))
 @click.option("-b", "--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Batch size added in front of the model's per-example input shapes.")
 @click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=D1,D2,...[:DTYPE]",
               callback=parse_inputs,
-              help="Full shape (batch first) of an input blob; needed for NetDef files.")
+              help="Full shape (batch first) of an input blob, e.g. data=64,3,224,224 "
+                   "(repeatable); needed for NetDef files, whose inputs have no shapes. Its "
+                   "first dimension is the batch the FLOPs are counted for.")
 @click.option("--init", "init_net", type=click.Path(dir_okay=False), metavar="INIT_NET",
               help="A Caffe2 init net (init_net.pb or .pbtxt) for a NetDef MODEL: the "
                    "weights' shapes come from its fill ops.")
 @click.option("--net", "which", type=click.Choice(NETS), default="predict", show_default=True,
-              help="Which net to analyse.")
+              help="Which net to analyse (a checkpoint's train net is its test net: it stores "
+                   "the training step with its backward pass, not the forward net alone).")
 @click.option("--nets", "show_nets", is_flag=True,
               help="Print the init, train and predict nets as NetDef text.")
-@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON (for scripts).")
 @click.option("--rewritten", is_flag=True,
               help="Show the nets as netrun binds them: after the bind-time rewrites (BN "
                    "folded into convs, fused ReLUs), with the rules that fired.")
@@ -65,11 +88,26 @@ def parse_inputs(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 def inspect(model_path: str, batch: int, inputs: dict, init_net: str | None, which: str,
             show_nets: bool, as_json: bool, rewritten: bool, no_fuse: bool, memory: bool,
             no_memory_plan: bool) -> None:
-    """Per-op shapes, parameters and FLOPs of one of MODEL's nets (shapes it cannot know
-    without --input or --init are shown as ?)."""
-    from netrun.model import load_model  # lazy: loaded when the command runs
+    """Per-op shapes, parameters and FLOPs of one of MODEL's nets, or of the nets a netrun
+    CHECKPOINT (.h5, written by train) stores, with its parameters' shapes. Shapes it cannot
+    know without --input or --init are shown as ?.
 
-    model = load_model(model_path)
+    MODEL is a layer or ops YAML, a Caffe2 NetDef (.pbtxt, .pb, NetDef .yaml) or a Caffe
+    .prototxt; a train config stands for the model it names.
+
+    \b
+    Examples:
+      netrun inspect zoo/lenet.yaml --batch 64
+      netrun inspect runs/quickstart/last.h5 --net train
+      netrun inspect predict_net.pb --init init_net.pb --input data=1,3,224,224
+      netrun inspect zoo/resnet20.yaml --rewritten --memory --batch 128
+    """
+    if init_net and model_path.lower().endswith(CHECKPOINT_SUFFIXES):
+        from netrun.errors import NetrunError  # lazy: loaded when the command runs
+
+        raise NetrunError(f"--init goes with a Caffe2 NetDef MODEL; {model_path} is a "
+                          f"checkpoint, which holds its own weights")
+    model = load_model_or_checkpoint(model_path)
     if init_net:
         from netrun.model.init_net import with_init_net  # lazy: loaded when the command runs
         from netrun.proto.io import load_netdef  # lazy: loaded when the command runs
@@ -132,6 +170,7 @@ def report(model, which: str, batch: int, overrides: dict,
         net, done, specs = rewritten_net(model, which, batch, overrides, fuse)
     shapes = infer_known_shapes(net, specs)
     params = {p.name: p for p in model.params}
+    data_inputs = set(model.data_inputs)
 
     def blob(name: str, spec) -> dict[str, Any]:
         if spec is None:                             # unknown: no --input or --init for it
@@ -156,10 +195,11 @@ def report(model, which: str, batch: int, overrides: dict,
     external = [n for n in net.external_inputs if n not in params
                 and (n in shapes.blobs or n in shapes.unknown_inputs)]
     external += [n for n in shapes.unknown_inputs if n not in params and n not in external]
+    inputs = [blob(n, shapes.get(n)) for n in external]
     return {
         "model": model.name, "source": model.source_path, "net": which, "net_name": net.name,
-        "batch": batch,
-        "inputs": [blob(n, shapes.get(n)) for n in external],
+        "batch": _batch_used(inputs, data_inputs, batch),
+        "inputs": inputs,
         "outputs": [blob(n, shapes.get(n)) for n in net.external_outputs],
         "unknown_shapes": {
             "inputs": [n for n in shapes.unknown_inputs if n not in params],
@@ -177,8 +217,18 @@ def report(model, which: str, batch: int, overrides: dict,
     }
 
 
+def _batch_used(inputs: list[dict[str, Any]], data_inputs: set[str], asked: int) -> int:
+    """The batch the shapes were inferred for: the first dimension of the first data input
+    of known shape (an --input gives its own), else of any input; `asked` if none is known."""
+    known = [b for b in inputs if b["shape"]]
+    first = next((b for b in known if b["name"] in data_inputs), known[0] if known else None)
+    return first["shape"][0] if first is not None else asked
+
+
 def _print_report(d: dict[str, Any]) -> None:
-    batch = "" if d["net"] == "init" else f", batch {d['batch']}"
+    # The batch is a fact only where an input's shape is known (the others are shown as ?).
+    known = d["net"] != "init" and any(b["shape"] for b in d["inputs"])
+    batch = f", batch {d['batch']}" if known else ""
     console.line(f"{d['model']}: {d['net']} net '{d['net_name']}'{batch}", style="bold")
     console.line("inputs:  " + (", ".join(_blob_text(b) for b in d["inputs"]) or "none"))
     console.line("outputs: " + (", ".join(_blob_text(b) for b in d["outputs"]) or "none"))

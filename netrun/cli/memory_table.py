@@ -90,7 +90,7 @@ def footer(ws, phases: list[str] | None = None) -> list[str]:
         for phase, q in s.get("phases", {}).items():
             lines.append(f"  {phase}: largest live set {_mb(q['live_peak'])} at {q['peak_op']}")
     if not lines:
-        lines.append("activation memory: not planned (--no-memory-plan, or no host memory)")
+        lines.append("activation memory: not planned (--no-memory-plan)")
     return lines
 
 

@@ -8,11 +8,21 @@ import click
 from netrun.cli.console import console
 
 
-@click.command("ops")
-@click.argument("type", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON.")
+@click.command("ops", short_help="The operator catalogue, or one operator's schema.")
+@click.argument("type", metavar="[TYPE]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the catalogue (or the schema of "
+              "TYPE) as JSON.")
 def ops(type: str | None, as_json: bool) -> None:
-    """List every operator, or show the full schema of one TYPE."""
+    """List every operator, or show the full schema of one TYPE: its inputs and outputs,
+    arguments (type, default, allowed values), in-place pairs and whether it has a gradient.
+    TYPE is an operator type as Caffe2 names it (Conv, FC, SoftmaxWithLoss).
+
+    \b
+    Examples:
+      netrun ops
+      netrun ops Conv
+      netrun ops SoftmaxWithLoss --json
+    """
     from netrun.core.schema import all_schemas  # lazy: loaded when the command runs
 
     if type is None:

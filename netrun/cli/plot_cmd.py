@@ -17,7 +17,7 @@ def _metrics(ctx: click.Context, param: click.Parameter, value: str) -> tuple[st
     return names
 
 
-@click.command("plot")
+@click.command("plot", short_help="Training curves of runs (terminal, PNG, SVG).")
 @click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True,
                 type=click.Path(file_okay=True, dir_okay=True))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="FILE",
@@ -34,7 +34,7 @@ def plot(run_dirs: tuple[str, ...], output: str | None, metrics: tuple[str, ...]
     (the legend names each run folder).
 
     \b
-    Example:
+    Examples:
       netrun plot runs/lenet
       netrun plot runs/lenet runs/lenet_adam -o curves.png
       netrun plot runs/lenet --metric loss,test_loss -o loss.svg

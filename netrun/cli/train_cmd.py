@@ -16,10 +16,29 @@ from netrun.cli.console import abort, console
 from netrun.cli.signals import StopRequest, signal_name
 
 
-@click.command()
-@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+def _existing_file(ctx: click.Context, param: click.Parameter, path: str) -> str:
+    """`path` if it is a file, else a usage error that names the closest file beside it."""
+    if path is None:         # missing: said by the command, which knows why (--tensorboard)
+        return path
+    where = Path(path)
+    if where.is_file():
+        return path
+    import difflib  # lazy: loaded when the command runs
+
+    folder = where.parent
+    names = [p.name for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+    close = difflib.get_close_matches(where.name, names, n=1, cutoff=0.6)
+    hint = f", did you mean '{where.with_name(close[0])}'?" if close else ""
+    raise click.BadParameter(f"no such file '{path}'{hint}", ctx, param)
+
+
+@click.command(short_help="Train a model from a train config (or a Caffe solver).")
+@click.argument("config", metavar="CONFIG", type=click.Path(dir_okay=False),
+                callback=_existing_file,
+                required=False)
 @click.option("--device", help="cpu, gpu or gpu:N (default: the config's).")
-@click.option("-o", "--output", help="Run folder for checkpoints and metrics.jsonl.")
+@click.option("-o", "--output", help="Run folder for checkpoints and metrics.jsonl (default: "
+              "the config's `output`, relative to the config file).")
 @click.option("--resume", metavar="PATH|auto",
               help="Continue from a checkpoint; 'auto' takes OUTPUT/last.h5 (else its newest "
                    "iter_<N>.h5) when there is one, else starts a new run.")
@@ -32,7 +51,10 @@ from netrun.cli.signals import StopRequest, signal_name
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a config value, e.g. --set solver.base_lr=0.1 (repeatable).")
 @click.option("--max-iter", type=int, help="Stop after this many iterations in all.")
-@click.option("--data-dir", envvar="NETRUN_DATA_DIR", help="Folder holding the dataset.")
+@click.option("--data-dir", envvar="NETRUN_DATA_DIR",
+              help="Folder holding the dataset (default: the config's data.dir, else "
+                   "$NETRUN_DATA/<source>, else ~/.cache/netrun/<source>). [env: "
+                   "NETRUN_DATA_DIR]")
 @click.option("--data", "data_spec", metavar="SOURCE[:SPLIT]",
               help="Train on this data source instead, e.g. mnist-10k or mnist:standard "
                    "(maps a Caffe net's LMDB Data layers to a netrun source).")
@@ -54,19 +76,32 @@ from netrun.cli.signals import StopRequest, signal_name
                    "run N times by MPI's mpiexec, each with cores/N threads (NETRUN_THREADS "
                    "unless set). Needs the dist extra. Across machines: mpiexec -n N -hosts "
                    "a,b netrun train CONFIG.")
+@click.option("--tensorboard", "tensorboard", is_flag=False, flag_value="", default=None,
+              metavar="[DIR]",
+              help="Write TensorBoard scalars (loss, learning rate, test metrics, examples/s) "
+                   "to DIR, default the run folder's tensorboard/ (as `tensorboard: true|DIR` "
+                   "in the config). Needs the tensorboard extra. Put it after CONFIG, or write "
+                   "--tensorboard=DIR.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def train(config, device, output, resume, force, allow_changes, overrides, max_iter, data_dir,
           data_spec, weights, weights_partial, no_fuse, no_memory_plan, executor, algo_search,
-          workspace_limit, tf32, nproc, as_json):
+          workspace_limit, tf32, nproc, tensorboard, as_json):
     """Train the model of CONFIG: a train-config YAML or a Caffe solver .prototxt.
+
+    Tests every solver.test_interval iterations, writes checkpoints (last.h5, best.h5,
+    iter_<N>.h5) and metrics.jsonl to the run folder, and resumes exactly where a run
+    stopped. Ctrl-C finishes the current step and writes a checkpoint.
 
     \b
     Examples:
       netrun train configs/quickstart.yaml
       netrun train configs/quickstart.yaml --resume auto --max-iter 1600
+      netrun train configs/quickstart.yaml --tensorboard   # then: tensorboard --logdir runs
       netrun train lenet_solver.prototxt --data mnist-10k
       netrun train configs/resnet20_cifar10.yaml --nproc 2     # 2 data-parallel ranks
     """
+    if config is None:
+        _missing_config(tensorboard)
     if nproc is not None and nproc > 1:
         # Before anything else (signal handlers, data): this process only starts the ranks.
         from netrun.train.dist import launch  # lazy
@@ -111,6 +146,9 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
     folder = Path(output or cfg.output)
     if force and resume:
         abort("--force starts a new run and --resume continues one: give only one of them")
+    if resume and resume != "auto" and not Path(resume).is_file():    # before the data loads
+        abort(f"--resume {resume}: no such checkpoint (--resume auto takes the newest in the "
+              f"run folder, {folder})")
     root = launched_rank() == 0       # the rank that writes the run folder
     for p in (run_folder.remove_stale_temps(folder) if root else []):
         console.detail(f"removed {p}, left behind by a stopped run")
@@ -122,12 +160,16 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
             console.detail(f"--resume auto: no checkpoint in {folder}; starting a new run")
     if not force:
         run_folder.check_new_run(folder, resume, auto)
-    trainer = Trainer(cfg, device=device, output=str(folder), data_dir=data_dir)
+    trainer = Trainer(cfg, device=device, output=str(folder), data_dir=data_dir,
+                      tensorboard=None if tensorboard is None else (tensorboard or True))
     holder["trainer"] = trainer
     mode = algo_search or (cfg.algo_search if cfg.algo_search != "heuristic" else None)
     configure_algos(trainer.ws, mode, workspace_limit, tf32 or cfg.tf32)
     console.info(f"training {trainer.model.name} on {trainer.source.describe()} "
                  f"({trainer.ws.device}), {cfg.solver.max_iter} iterations -> {trainer.output}")
+    if trainer.tensorboard_dir is not None:
+        console.info(f"TensorBoard scalars -> {trainer.tensorboard_dir} (view them with "
+                     f"`tensorboard --logdir {trainer.tensorboard_dir}`)")
     for which, done in trainer.rewrites.items():
         console.detail(f"bind-time rewrites of the {which} net: {done.summary()}")
     changes = trainer.start(resume, allow_changes=allow_changes)
@@ -161,7 +203,8 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
             progress.update(progress.task, completed=r.iteration,
                             info=f"loss {r.loss:.4f}  lr {r.lr:.2e}  {rate:,.0f} ex/s")
         elif cfg.solver.display and r.iteration % cfg.solver.display == 0 and not as_json:
-            console.info(f"iter {r.iteration:>6}  loss {r.loss:.4f}  lr {r.lr:.3g}  {rate:,.0f} ex/s")
+            console.info(f"iter {r.iteration:>6}  loss {r.loss:.4f}  lr {r.lr:.3g}  "
+                         f"{rate:,.0f} ex/s")
 
     def on_test(t):
         state["test"] = t
@@ -173,8 +216,12 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
     def on_checkpoint(path, why):
         console.detail(f"checkpoint ({why}): {path}")
 
+    # Waits inside the loop (the first test renders the test part) are told on the bar's
+    # own line: a second live display beside the bar is not possible.
+    shown = None if progress is None else (
+        lambda words: progress.update(progress.task, note=f"({words})" if words else ""))
     try:
-        with (progress or _Null()):
+        with (progress or _Null()), console.waits(shown):
             trainer.run(cfg.solver.max_iter, Callbacks(on_step, on_test, on_checkpoint,
                                                        should_stop=stop.requested))
     except Interrupted as e:
@@ -208,6 +255,17 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
         console.line(f"done: {trainer.iteration} iterations in {seconds:.1f} s"
                      + (f", test accuracy {acc:.2%}" if acc is not None else "")
                      + f"; checkpoint {summary['checkpoint']}")
+
+
+def _missing_config(tensorboard: str | None) -> None:
+    """Stop with the usage error for a missing CONFIG; name --tensorboard when it took it."""
+    ctx = click.get_current_context()
+    if tensorboard and Path(tensorboard).is_file():
+        raise click.UsageError(f"--tensorboard took '{tensorboard}' as its folder, leaving no "
+                               f"CONFIG: put --tensorboard after CONFIG, or write "
+                               f"--tensorboard=DIR", ctx)
+    param = next(p for p in ctx.command.params if p.name == "config")
+    raise click.MissingParameter(ctx=ctx, param=param)
 
 
 def _command_line(ctx: click.Context, drop: str) -> list[str]:
@@ -304,8 +362,9 @@ def _progress(total: int, done: int, as_json: bool):
 
     progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                        TextColumn("{task.fields[note]}", style="dim"),
                         console=console.err, transient=False)
-    progress.task = progress.add_task("train", total=total, completed=done, info="")
+    progress.task = progress.add_task("train", total=total, completed=done, info="", note="")
     return progress
 
 

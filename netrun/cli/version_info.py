@@ -63,6 +63,17 @@ def _mpi() -> str:
     return f"mpi4py {mpi4py.__version__}, {launcher}"
 
 
+def _tensorboard() -> str:
+    if not _installed("tensorboardX"):
+        return "not installed (pip install 'netrun[tensorboard]')"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:     # the metadata, not the module: importing it loads protobuf
+        return f"tensorboardX {version('tensorboardX')}"
+    except PackageNotFoundError:
+        return "tensorboardX (version unknown)"
+
+
 def describe() -> list[tuple[str, str]]:
     """(engine, what was found) for every engine netrun can use."""
     import numpy
@@ -72,4 +83,5 @@ def describe() -> list[tuple[str, str]]:
             ("Numba (compiled CPU kernels)", _numba()),
             ("oneDNN (CPU convolutions)", _onednn()),
             ("CuPy (GPU)", _cupy()),
-            ("MPI (data-parallel training)", _mpi())]
+            ("MPI (data-parallel training)", _mpi()),
+            ("TensorBoard (train --tensorboard)", _tensorboard())]

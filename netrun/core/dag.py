@@ -20,6 +20,7 @@ same time never share scratch. The intra-op pool (netrun.kernels.parallel) is le
 """
 from __future__ import annotations
 
+import contextvars
 import heapq
 import threading
 import weakref
@@ -221,6 +222,9 @@ class _Run:
         self.regions = regions
         self.done = [False] * len(ops)
         self.next_hook = 0
+        # The caller's context variables (a trace recorder, a progress reporter), which the
+        # pool's threads would otherwise not see: each worker runs the job inside a copy.
+        self.context = contextvars.copy_context()
 
     def work(self, arena) -> None:
         """Take ready ops (lowest index first) until none is left or one failed."""
@@ -313,7 +317,7 @@ class _Workers:
                     return
                 seen, job = self.generation, self.job
             if job is not None:
-                job.work(arena)
+                job.context.copy().run(job.work, arena)
             job = None      # a thread's frame must not keep the workspace alive
             with self.cond:
                 self.finished += 1

@@ -178,6 +178,8 @@ def _check_arg_type(op: OperatorDef, spec: Arg, value: Any) -> Any:
             value = [value]  # a single value where a list is expected is a list of one
         # One pass without building a message per element: init nets hold millions of values.
         scalar = _LISTS[t]
+        if scalar == "float" and all(type(v) is float for v in value):
+            return list(value)      # already floats (GivenTensorFill's values): no per-item call
         out = [_scalar(scalar, v) for v in value]
         if any(v is _BAD for v in out):
             bad = next(v for v, o in zip(value, out) if o is _BAD)

@@ -16,14 +16,22 @@ there are (netrun's reproducibility promise: same inputs and seed, same bits):
   blocks of rows or columns (no sum is split, so no reduction order changes).
 
 On other array modules (CuPy) everything runs on the calling thread as one chunk.
+
+A traced run (`netrun profile --trace`) installs a recorder with `recording`: every chunk
+split over the workers is then reported with its thread and its start and end. The recorder
+is a context variable, unset by default, so runs outside the `with` (other workspaces, other
+threads) record nothing and work that is not split never looks it up.
 """
 from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -52,6 +60,31 @@ _POOL: ThreadPoolExecutor | None = None
 _LOCK = threading.Lock()
 _BLAS_PIN: list = []           # the threadpoolctl limiter, held for the life of the process
 _LOCAL = threading.local()     # .busy: this thread is running a chunk (nested work runs inline)
+
+
+class ChunkRecorder(Protocol):
+    """What `recording` reports each chunk to (netrun.profile.trace.ChunkLog)."""
+
+    def chunk(self, kind: str, index: int, count: int, worker: int, start: float,
+              end: float) -> None:
+        """Chunk `index` of `count` ran on `worker` (this thread) from start to end
+        (time.perf_counter seconds); kind: 'chunk' (a batch) or 'gemm block'."""
+
+
+# Set only inside `recording`: a context variable, so that one traced run never reports
+# another workspace's work and nothing outlives the `with`.
+_RECORDER: ContextVar[ChunkRecorder | None] = ContextVar("netrun_chunk_recorder", default=None)
+
+
+@contextmanager
+def recording(recorder: ChunkRecorder) -> Iterator[ChunkRecorder]:
+    """`with recording(r):` every chunk split over the workers by this thread's work (the
+    calling thread's own chunks included) is reported to r.chunk while the block runs."""
+    token = _RECORDER.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _RECORDER.reset(token)
 
 
 def thread_count() -> int:
@@ -132,7 +165,7 @@ def matmuls(xp: Any, products: Sequence[tuple[Any, Any, Any]]) -> None:
         for a, b, out in products:
             np.matmul(a, b, out=out)
         return
-    _run([job for a, b, out in products for job in _product_blocks(a, b, out)])
+    _run([job for a, b, out in products for job in _product_blocks(a, b, out)], "gemm block")
 
 
 def _product_blocks(a, b, out) -> list[Callable[[], None]]:
@@ -214,9 +247,9 @@ def _commit(commit: Any) -> None:
         commit()
 
 
-def _run(jobs: Sequence[Callable[[], Any]]) -> None:
+def _run(jobs: Sequence[Callable[[], Any]], kind: str = "chunk") -> None:
     """The jobs (chunks) on the worker threads, job i on worker i % T; the commits they
-    return run in job order."""
+    return run in job order. A recorder (`recording`) hears of each job's run."""
     pin_blas()
     count = len(jobs)
     t = 1 if count == 1 else min(thread_count(), count)
@@ -224,6 +257,10 @@ def _run(jobs: Sequence[Callable[[], Any]]) -> None:
         for job in jobs:
             _commit(job())
         return
+    recorder = _RECORDER.get()
+    if recorder is not None:
+        jobs = [partial(_recorded, recorder, kind, job, i, count, i % t)
+                for i, job in enumerate(jobs)]
     order = _Order(count)
 
     def worker(w: int) -> None:
@@ -246,6 +283,16 @@ def _run(jobs: Sequence[Callable[[], Any]]) -> None:
     finally:
         for f in futures:
             f.result()
+
+
+def _recorded(recorder: ChunkRecorder, kind: str, job: Callable[[], Any], index: int,
+              count: int, worker: int) -> Any:
+    """job(), reported to the recorder with its start and end (its commit is not timed:
+    it may wait for the chunks before it)."""
+    start = time.perf_counter()
+    result = job()
+    recorder.chunk(kind, index, count, worker, start, time.perf_counter())
+    return result
 
 
 class _Order:

@@ -35,7 +35,7 @@ def _load_netdef(path: Path, **options) -> Model:
 
 def load_model(path: str | Path, data_inputs: list[str] | None = None, **options) -> Model:
     """Load a model file: layer/ops YAML, a NetDef (.pbtxt, binary .pb or NetDef YAML), Caffe
-    .prototxt.
+    .prototxt, ONNX (.onnx, weights from its initializers).
 
     `data_inputs` names the data blobs of a bare NetDef (default: its first external input,
     as Caffe2 predict nets list it); the other external inputs that no op writes are params.

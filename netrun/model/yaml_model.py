@@ -1,7 +1,16 @@
 """Model YAML: the layer form (`layers:`) and the raw form (`ops:`/`init_ops:`) -> Model.
 
-A YAML file with neither `layers:` nor `inputs:` is a NetDef in YAML and is loaded as a
-bare net (see netrun.model.model_from_netdef). Every error points at file:line:column.
+In the raw form every init_ops output is a parameter, trained with lr_mult and decay_mult 1
+unless `params:` says otherwise, per parameter:
+
+    params:
+      conv1_b: {layer: conv1, role: bias, lr_mult: 2, decay_mult: 0}
+      bn1_mean: {layer: bn1, role: running_mean, trainable: false}   # saved, never trained
+
+(`lr_mult: 0` also leaves a parameter untrained, as in Caffe; `layer` is the Caffe layer
+whose blobs it is.) A YAML file with neither `layers:` nor `inputs:` is a NetDef in YAML and
+is loaded as a bare net (see netrun.model.model_from_netdef). Every error points at
+file:line:column.
 """
 from __future__ import annotations
 
@@ -29,7 +38,9 @@ from netrun.util import safe_yaml
 
 MODEL_KEYS = ("name", "description", "inputs", "layers", "loss", "metrics", "predict")
 RAW_MODEL_KEYS = ("name", "description", "inputs", "ops", "init_ops", "predict_ops", "loss",
-                  "metrics", "outputs")
+                  "metrics", "outputs", "params")
+PARAM_KEYS = ("layer", "role", "lr_mult", "decay_mult", "trainable")
+ROLES = ("weight", "bias", "scale", "running_mean", "running_var", "running_factor")
 OP_KEYS = ("type", "name", "inputs", "outputs", "args", "device", "engine")
 DTYPES = ("float32", "float64", "float16", "int32", "int64", "uint8")
 
@@ -238,13 +249,52 @@ def _raw_model(doc: MarkedDict, filename: str | None, default_name: str) -> Mode
     param_specs = _check_shapes(doc, "init_ops", init_ops, {})
     _check_shapes(doc, "ops", ops, {**param_specs, **{n: TensorSpec((1, *s.shape), s.dtype)
                                                       for n, s in specs.items()}})
-    params = [Param(p, param_specs[p].shape if p in param_specs else None) for p in param_names]
+    settings = _param_settings(doc, param_names)
+    params = [Param(p, param_specs[p].shape if p in param_specs else None, **settings.get(p, {}))
+              for p in param_names]
     return Model(name=name, init_net=init_net,
                  train_net=NetDef(f"{name}_train", ops, list(inputs) + param_names,
                                   heads or outputs),
                  predict_net=NetDef(f"{name}_predict", predict_ops, data + param_names, outputs),
                  inputs=specs, params=params, outputs=outputs, loss=loss, metrics=metrics,
                  source_path=filename, labels=labels)
+
+
+def _param_settings(doc: MarkedDict, names: list[str]) -> dict[str, dict[str, Any]]:
+    """`params:` {name: {layer, role, lr_mult, decay_mult, trainable}} -> Param keywords."""
+    if doc.get("params") is None:
+        return {}
+    node = expect_type(doc, "params", dict, "a mapping of parameter name to its settings")
+    result = {}
+    for name, value in node.items():
+        if name not in names:
+            raise error_at(node, f"'{name}' is not a parameter (parameters are the outputs of "
+                                 f"init_ops){suggest(str(name), names)}", name)
+        if not isinstance(value, dict):
+            raise error_at(node, f"parameter '{name}': give a mapping with any of "
+                                 f"{', '.join(PARAM_KEYS)}", name, value=True)
+        check_keys(value, PARAM_KEYS, f"parameter '{name}'")
+        kw: dict[str, Any] = {}
+        for key in ("lr_mult", "decay_mult"):
+            if key in value:
+                if not _num(value[key]):
+                    raise error_at(value, f"parameter '{name}': '{key}' must be a number, got "
+                                          f"{value[key]!r}", key, value=True)
+                kw[key] = float(value[key])
+        if "trainable" in value:
+            kw["trainable"] = expect_type(value, "trainable", bool, "true or false")
+        if "layer" in value:
+            kw["layer"] = expect_type(value, "layer", str, "a layer name")
+        if "role" in value:
+            kw["role"] = expect_type(value, "role", str, "a parameter role")
+            if kw["role"] not in ROLES:
+                raise error_at(value, f"parameter '{name}': unknown role '{kw['role']}'"
+                                      f"{suggest(kw['role'], ROLES)} (roles: {', '.join(ROLES)})",
+                               "role", value=True)
+        # As in Caffe, lr_mult 0 means the solver leaves the parameter alone.
+        kw["trainable"] = kw.get("trainable", True) and kw.get("lr_mult", 1.0) != 0
+        result[str(name)] = kw
+    return result
 
 
 def _check_shapes(doc: MarkedDict, key: str, ops: list[OperatorDef],

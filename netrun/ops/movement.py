@@ -1,4 +1,4 @@
-"""Data movement: Concat, Split, Slice, Transpose, Copy, StopGradient. Each section: schema,
+"""Data movement: Concat, Split, Slice, Pad, Transpose, Copy, StopGradient. Each section: schema,
 kernel, gradient maker. Views and reshapes are in reshape.py, reductions in reduce.py.
 
 Shape inference marks a dim known only at run time (sizes read from an input tensor) as -1.
@@ -209,6 +209,59 @@ def _slice_grad(g):
     return [g.op("SliceGradient", [g.I(0), g.GO(0)], [g.GI(0)], **g.copy_args())]
 
 
+# Pad ------------------------------------------------------------------------------------
+def _check_pad(op, args: Args) -> None:
+    if len(args.pads) % 2:
+        raise SchemaError(f"op {op.label}: argument 'pads' needs a begin and an end per dim "
+                          f"(an even count), got {len(args.pads)}: {args.pads}")
+    if any(p < 0 for p in args.pads):
+        raise SchemaError(f"op {op.label}: argument 'pads' must not be negative, got "
+                          f"{args.pads}")
+
+
+def _pad_index(args: Args, x: tuple) -> tuple[slice, ...]:
+    """Where X sits inside Y: dims past the pads' are not padded."""
+    n = len(args.pads) // 2
+    if n > len(x):
+        raise ShapeError(f"Pad: {len(args.pads)} pads for X {fmt(x)} with {len(x)} dims")
+    return tuple(slice(b, b + d) for b, d in zip(args.pads[:n], x)) + \
+        tuple(slice(None) for _ in x[n:])
+
+
+def _pad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    x = ins[0].shape
+    n = len(args.pads) // 2
+    _pad_index(args, x)
+    out = tuple(d + args.pads[i] + args.pads[n + i] for i, d in enumerate(x[:n])) + x[n:]
+    return [TensorSpec(out, ins[0].dtype)]
+
+
+register_schema("Pad", inputs=1, outputs=1, input_names=("X",), output_names=("Y",),
+                args=[Arg("pads", "ints", [], doc="[begin of dim 0, begin of dim 1, ..., end of "
+                                                  "dim 0, end of dim 1, ...] (ONNX's order)"),
+                      Arg("value", "float", 0.0, doc="what the padding holds")],
+                shape_fn=_pad_shape, cost_fn=_move_cost, check_fn=_check_pad, family="movement",
+                doc="Y = X with `value` added before and after each dim (constant padding); "
+                    "dims past the pads' are not padded.")
+
+
+@register_kernel("Pad")
+def pad(ctx, X):
+    (out,) = _pad_shape(ctx.args, [TensorSpec(X.shape)])
+    Y = ctx.output(0, out.shape, X.dtype)
+    Y.fill(ctx.args.value)
+    Y[_pad_index(ctx.args, X.shape)] = X
+
+
+@register_gradient("Pad")
+def _pad_grad(g):
+    # dX is dY where X sits: a Slice, whose negative end -(e + 1) stops e before the end.
+    pads = list(g.args.get("pads", []))
+    n = len(pads) // 2
+    return [g.op("Slice", [g.GO(0)], [g.GI(0)], starts=pads[:n],
+                 ends=[-(e + 1) for e in pads[n:]])]
+
+
 # Transpose ------------------------------------------------------------------------------
 def _check_transpose(op, args: Args) -> None:
     n = len(args.axes)
@@ -234,7 +287,8 @@ def _transpose_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
 register_schema("Transpose", inputs=1, outputs=1, input_names=("X",), output_names=("Y",),
                 args=[Arg("axes", "ints", [], doc="permutation of X's dims; default reverses")],
                 shape_fn=_transpose_shape, cost_fn=_move_cost, check_fn=_check_transpose,
-                family="movement", doc="Y = X with its dims permuted: Y.shape[i] = X.shape[axes[i]].")
+                family="movement",
+                doc="Y = X with its dims permuted: Y.shape[i] = X.shape[axes[i]].")
 
 
 @register_kernel("Transpose")

@@ -29,9 +29,8 @@ from netrun.proto.defs import NetDef
 from netrun.rewrite import Rewritten, bind_rewrite, rewrite, with_train_net
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import SolverConfig, load_config
-from netrun.util import safe_yaml
 from netrun.train.solver import build_training
-
+from netrun.util import safe_yaml
 
 # Random inputs fed for a checkpoint's model: more elements than this is a hostile shape.
 _MAX_FEED = 1 << 30
@@ -107,7 +106,8 @@ def _from_model(model, solver, batch, device, forward_only, overrides, seed, des
     feeds = {}
     for name in model.inputs:
         if name not in specs:
-            raise ShapeError(f"the shape of input '{name}' is unknown; pass --input {name}=D1,D2,...")
+            raise ShapeError(f"the shape of input '{name}' is unknown; "
+                             f"pass --input {name}=D1,D2,...")
         spec = specs[name]
         if name in model.labels:
             feeds[name] = rng.integers(0, classes, size=spec.shape).astype(spec.dtype)
@@ -121,7 +121,8 @@ def _from_model(model, solver, batch, device, forward_only, overrides, seed, des
     if forward_only:
         ws.run_net_once(model.init_net)
         net = NetDef("profile_predict", list(model.predict_net.ops),
-                     list(model.predict_net.external_inputs), list(model.predict_net.external_outputs))
+                     list(model.predict_net.external_inputs),
+                     list(model.predict_net.external_outputs))
         done = bind_rewrite(net, ws, "inference", enabled=fuse)
         net = done.net
         phases = ["forward"] * len(net.ops)
@@ -131,7 +132,8 @@ def _from_model(model, solver, batch, device, forward_only, overrides, seed, des
         nets = build_training(with_train_net(model, done.net), solver)
         ws.run_net_once(nets.init)
         net = NetDef("profile_train", nets.step.ops + nets.update.ops)
-        phases = (["forward"] * nets.n_forward + ["backward"] * (len(nets.step.ops) - nets.n_forward)
+        phases = (["forward"] * nets.n_forward
+                  + ["backward"] * (len(nets.step.ops) - nets.n_forward)
                   + ["update"] * len(nets.update.ops))
         init = nets.init
         keep = _handed_over(nets.step, nets.update)

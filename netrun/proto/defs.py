@@ -15,6 +15,12 @@ def normalize_arg(value: Any) -> ArgValue:
         return value
     if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy scalars
         return normalize_arg(value.item())
+    # Numeric arrays convert in one call (init nets of model-zoo and ONNX files hold millions
+    # of values): tolist() gives Python ints and floats, nested as the array is.
+    if getattr(getattr(value, "dtype", None), "kind", "") in ("f", "i", "u"):
+        return value.tolist()
+    if isinstance(value, list) and all(type(v) is float or type(v) is int for v in value):
+        return list(value)
     if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
         items = value.tolist() if hasattr(value, "tolist") else value
         return [normalize_arg(v) for v in items]

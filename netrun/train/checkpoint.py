@@ -35,8 +35,9 @@ import numpy as np
 
 import netrun.ops  # noqa: F401  the op schemas that stored nets are checked against
 from netrun.core.db import open_db
-from netrun.core.schema import get_schema
+from netrun.core.schema import TensorSpec, get_schema
 from netrun.errors import CheckpointError, NetrunError
+from netrun.model.model import Model, Param
 from netrun.proto.defs import NetDef, op
 from netrun.proto.pbtxt import netdef_from_text
 from netrun.util.atomic import discard, publish, temp_path_beside
@@ -58,7 +59,8 @@ class CheckpointInfo:
         return int(self.meta.get("iteration", 0))
 
     def net(self, which: str) -> NetDef:
-        """A net stored in the checkpoint (init, step, update, test, predict), checked safe to run."""
+        """A net stored in the checkpoint (init, step, update, test, predict), checked safe
+        to run."""
         nets = self.meta.get("nets", {})
         if which not in nets:
             raise CheckpointError(f"checkpoint '{self.path}' holds no '{which}' net "
@@ -171,7 +173,8 @@ def read_info(path: str | os.PathLike) -> CheckpointInfo:
             meta[key] = db.get_json(f"meta/{key}")
         for group in ("params", "state"):
             if not db.keys(group):
-                raise CheckpointError(f"checkpoint '{path}' has no {group} (not a netrun checkpoint?)")
+                raise CheckpointError(f"checkpoint '{path}' has no {group} (not a netrun "
+                                      f"checkpoint?)")
         problems = meta_problems(meta)
         if not problems:
             problems = _stored_shape_problems(db, meta)
@@ -301,6 +304,28 @@ def compatibility_problems(info: CheckpointInfo, ws, params: list[str], optimize
     if extra:
         problems.append(f"the checkpoint has parameters the net lacks: {', '.join(extra)}")
     return problems
+
+
+def model_from_checkpoint(path: str | os.PathLike) -> Model:
+    """The model a checkpoint stores: its nets (checked safe), inputs and parameter shapes.
+
+    A checkpoint keeps the training step (forward and backward), not the forward training
+    net, so the model's train net is the test net: forward in test mode, loss and metrics.
+    """
+    if not Path(path).is_file():
+        raise CheckpointError(f"no such checkpoint: {path}")
+    info = read_info(path)
+    meta = info.meta.get("model", {})
+    inputs = {n: None if v is None else TensorSpec(tuple(v[0]), v[1])
+              for n, v in (meta.get("inputs") or {}).items()}
+    params = [Param(n, tuple(info.shapes[n]) if n in info.shapes else None)
+              for n in info.params]
+    test = info.net("test")
+    return Model(name=meta.get("name", Path(path).stem), init_net=info.net("init"),
+                 train_net=test, test_net=test, predict_net=info.net("predict"),
+                 inputs=inputs, params=params, outputs=list(meta.get("outputs", [])),
+                 loss=meta.get("loss"), metrics=list(meta.get("metrics", [])),
+                 source_path=str(path), labels=list(meta.get("labels", [])))
 
 
 def load_blobs(ws, path: str | os.PathLike, names: list[str], group: str) -> None:

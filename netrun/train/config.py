@@ -73,12 +73,15 @@ class TrainConfig:
     # BatchNorm statistics of the whole global batch (summed over the ranks) rather than each
     # rank's shard; nothing changes on one process.
     sync_bn: bool = False
+    # TensorBoard scalars (netrun.train.tensorboard): False none, True in the run folder's
+    # tensorboard/, else this folder (relative to the config file, as `output` is).
+    tensorboard: bool | str = False
     raw: dict = field(default_factory=dict)
     path: str | None = None
 
 
 _TOP_KEYS = ("model", "data", "solver", "device", "output", "algo_search", "tf32", "fuse",
-             "name", "weights", "memory_plan", "executor", "sync_bn")
+             "name", "weights", "memory_plan", "executor", "sync_bn", "tensorboard")
 # Keys a config made from a Caffe solver carries for the record.
 _RECORD_KEYS = ("caffe_solver", "notes")
 SEED_MAX = 2**63 - 1
@@ -125,6 +128,19 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> TrainConf
     return config_from_dict(raw, path)
 
 
+def is_train_config(path: str | os.PathLike) -> bool:
+    """Whether `path` is a train config (YAML naming a model and its data or solver), not a
+    model: for commands that take a model and may be handed a config by mistake."""
+    if Path(path).suffix.lower() not in (".yaml", ".yml") or not Path(path).is_file():
+        return False
+    try:
+        raw = load_yaml_file(path)
+    except NetrunError:
+        return False                      # the model reader says what is wrong with it
+    return (isinstance(raw, dict) and "model" in raw and not ({"layers", "ops"} & set(raw))
+            and bool({"solver", "data"} & set(raw)))
+
+
 def with_overrides(cfg: TrainConfig, overrides: list[str], data: dict | None = None) -> TrainConfig:
     """The config with --set overrides and a data-source override applied."""
     if not overrides and not data:
@@ -132,6 +148,8 @@ def with_overrides(cfg: TrainConfig, overrides: list[str], data: dict | None = N
     raw = copy.deepcopy(cfg.raw)
     raw["model"] = cfg.model                # already resolved: keep it as it is
     raw["output"] = cfg.output
+    if isinstance(cfg.tensorboard, str):    # resolved against the config's folder, as output
+        raw["tensorboard"] = cfg.tensorboard
     # The live data section, not raw's record of it (a Caffe mean image is an array here).
     live = copy.deepcopy(cfg.data)
     if data:
@@ -163,14 +181,18 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
                           f"{example}(configs/ has complete examples)")
     check.keys(raw, (*_TOP_KEYS, *_RECORD_KEYS), "", "the config", shown=_TOP_KEYS)
     if "model" not in raw:
-        raise check.fail(raw, None, "", "missing 'model' (path to a .yaml, .pbtxt or .prototxt "
-                                         "model)")
+        raise check.fail(raw, None, "", "missing 'model' (path to a .yaml, .pbtxt, .prototxt "
+                                         "or .onnx model)")
     for key in ("model", "device", "output", "algo_search"):
         if key in raw and not isinstance(raw[key], (str, os.PathLike)):
             raise check.fail(raw, key, key, f"expected a string, got {raw[key]!r}")
     for key in ("fuse", "memory_plan", "tf32", "sync_bn"):
         if key in raw and not isinstance(raw[key], bool):
             raise check.fail(raw, key, key, f"expected true or false, got {raw[key]!r}")
+    tensorboard = raw.get("tensorboard", False)
+    if not isinstance(tensorboard, (bool, str)) or tensorboard == "":
+        raise check.fail(raw, "tensorboard", "tensorboard",
+                         f"expected true, false or a folder, got {tensorboard!r}")
     if "executor" in raw and raw["executor"] not in EXECUTORS:
         raise check.fail(raw, "executor", "executor", f"expected one of {', '.join(EXECUTORS)}, "
                                                       f"got {raw['executor']!r}")
@@ -195,13 +217,17 @@ def config_from_dict(raw: dict, path: Path | None = None) -> TrainConfig:
     # Like the model path, a relative output folder is relative to the config file.
     output = Path(expand(str(raw.get("output", f"runs/{model.stem}"))))
     output = os.path.normpath(output if output.is_absolute() or path is None else base / output)
+    if isinstance(tensorboard, str):
+        folder = Path(expand(tensorboard))
+        tensorboard = os.path.normpath(folder if folder.is_absolute() or path is None
+                                       else base / folder)
     return TrainConfig(model=str(model), data=data, solver=solver,
                        device=str(raw.get("device", "cpu")), output=output,
                        algo_search=str(raw.get("algo_search", "heuristic")),
                        tf32=raw.get("tf32", False),
                        fuse=raw.get("fuse", True), memory_plan=raw.get("memory_plan", True),
                        executor=raw.get("executor", "simple"),
-                       sync_bn=raw.get("sync_bn", False),
+                       sync_bn=raw.get("sync_bn", False), tensorboard=tensorboard,
                        raw=raw,
                        path=str(path) if path else None)
 

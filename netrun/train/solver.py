@@ -193,8 +193,9 @@ def _updates(init, update, params, grads, cfg, meta) -> list[str]:
         if cfg.type in ("sgd", "nesterov"):
             if cfg.momentum > 0 or cfg.type == "nesterov":
                 m = zeros_like(p, "momentum")
-                update.ops.append(op("MomentumSGDUpdate", [g, m, lr, p], [g, m, p], name=f"{p}_update",
-                                     momentum=cfg.momentum, nesterov=int(cfg.type == "nesterov")))
+                update.ops.append(op("MomentumSGDUpdate", [g, m, lr, p], [g, m, p],
+                                     name=f"{p}_update", momentum=cfg.momentum,
+                                     nesterov=int(cfg.type == "nesterov")))
             else:
                 update.ops.append(op("WeightedSum", [p, ONE, g, lr], [p], name=f"{p}_update"))
         elif cfg.type == "adam":

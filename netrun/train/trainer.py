@@ -14,6 +14,10 @@ which checkpoints record; `bound` are the nets the workspace runs under the same
 step net built from the model's train net rewritten by the training rules (before the
 backward pass, so the fused ops' own gradients are built), and the test net rewritten by
 the inference rules, its folded weights recomputed from the parameters before every test.
+
+Rank 0 logs: metrics.jsonl in the run folder, and TensorBoard scalars when asked for
+(netrun.train.tensorboard). Set-up work that may keep a user waiting (binding the nets, which
+compiles Numba kernels on a first run) is announced through netrun.util.progress.
 """
 from __future__ import annotations
 
@@ -50,6 +54,10 @@ from netrun.train.dist import world
 from netrun.train.dist.gpu import gpu_world
 from netrun.train.resume_check import check_resume
 from netrun.train.solver import LR, TrainingNets, build_training
+from netrun.train.tensorboard import FOLDER as TENSORBOARD_FOLDER
+from netrun.train.tensorboard import ScalarLog
+from netrun.train.tensorboard import require as require_tensorboard
+from netrun.util.progress import activity
 from netrun.version import __version__
 
 
@@ -126,6 +134,9 @@ class Trainer:
     rewrites: dict[str, Rewritten] = field(default_factory=dict)
     # The processes of a data-parallel job (None: the one this process was launched into).
     comm: Communicator | None = None
+    # TensorBoard scalars: None as the config says, False none, True in the run folder's
+    # tensorboard/, else this folder. `tensorboard_dir` is the folder rank 0 writes, or None.
+    tensorboard: bool | str | os.PathLike | None = None
 
     def __post_init__(self):
         cfg = self.config
@@ -137,6 +148,9 @@ class Trainer:
             self.device, self.comm = gpu_world(self.device, self.comm)
         # Rank 0 tests, logs and writes checkpoints; every rank trains on its shard.
         self.is_root = self.comm.rank == 0
+        self.tensorboard_dir = self._tensorboard_dir()
+        if self.tensorboard_dir is not None:
+            require_tensorboard()      # a missing extra fails now, before any data is read
         self.model = load_model(cfg.model)
         if cfg.sync_bn and self.comm.size > 1:     # BN statistics of the whole global batch
             self.model = with_train_net(self.model, synchronized(self.model.train_net))
@@ -162,8 +176,16 @@ class Trainer:
                                   shard=(self.comm.rank, self.comm.size))
         self.iteration = 0
         self._started = False
+        self._scalars: ScalarLog | None = None      # open while `run` runs
 
     # Set-up --------------------------------------------------------------------------------
+    def _tensorboard_dir(self) -> Path | None:
+        """The folder of this process's TensorBoard scalars (rank 0 only), else None."""
+        choice = self.config.tensorboard if self.tensorboard is None else self.tensorboard
+        if not self.is_root or choice is False:
+            return None
+        return self.output / TENSORBOARD_FOLDER if choice is True else Path(choice)
+
     def _rewritten_nets(self, fuse: bool) -> TrainingNets:
         """The nets to bind: `nets` with the training and inference rewrites applied."""
         if not fuse:
@@ -191,14 +213,18 @@ class Trainer:
         Returns the config changes a resume was allowed to make (see `restore`).
         """
         ws, nets = self.ws, self.nets
-        ws.run_net_once(nets.init)
-        # Bind with real inputs present so buffers and shapes settle on the first run.
-        if "test" in self.rewrites:
-            self.rewrites["test"].materialize(ws)
-        # What the loop reads between runs; the rest of the activations may share memory.
-        keep = [self.model.loss, *self.model.metrics, LR]
-        for net in (self.bound.step, self.bound.update, self.bound.test):
-            ws.create_net(net, keep=keep)
+        # Binding builds the operators, which compile their Numba kernels on a first run
+        # (tens of seconds; later runs load them from Numba's cache).
+        with activity("preparing the nets (a first run compiles kernels, cached for later "
+                      "runs)"):
+            ws.run_net_once(nets.init)
+            # Bind with real inputs present so buffers and shapes settle on the first run.
+            if "test" in self.rewrites:
+                self.rewrites["test"].materialize(ws)
+            # What the loop reads between runs; the rest of the activations may share memory.
+            keep = [self.model.loss, *self.model.metrics, LR]
+            for net in (self.bound.step, self.bound.update, self.bound.test):
+                ws.create_net(net, keep=keep)
         changes = self.restore(resume, allow_changes) if resume else []
         if self.comm.size > 1:
             self._broadcast_state()
@@ -375,7 +401,8 @@ class Trainer:
         return path
 
     # The loop ------------------------------------------------------------------------------
-    def run(self, max_iter: int | None = None, callbacks: Callbacks | None = None) -> TestResult | None:
+    def run(self, max_iter: int | None = None,
+            callbacks: Callbacks | None = None) -> TestResult | None:
         """Train to max_iter with periodic tests and snapshots.
 
         A stop request (callbacks.should_stop, polled between steps) or a KeyboardInterrupt
@@ -391,7 +418,10 @@ class Trainer:
             self.output.mkdir(parents=True, exist_ok=True)
         log = open(self.output / "metrics.jsonl" if self.is_root else os.devnull, "a")
         last_test = None
+        self._scalars = None
         try:
+            if self.tensorboard_dir is not None:
+                self._scalars = ScalarLog(self.tensorboard_dir, self.iteration)
             self._log(log, {"event": "start", "iter": self.iteration,
                             "resumed_from": self.resumed_from,
                             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -404,9 +434,14 @@ class Trainer:
                 result = self.step()
                 if callbacks.on_step:
                     callbacks.on_step(result)
-                if cfg.display and (result.iteration % cfg.display == 0 or result.iteration == 1):
+                logged = bool(cfg.display) and (result.iteration % cfg.display == 0
+                                                or result.iteration == 1)
+                if logged:
                     self._log(log, {"iter": result.iteration, "loss": result.loss,
                                     "lr": result.lr, "seconds": result.seconds})
+                if self._scalars is not None:
+                    self._scalars.step(result.iteration, result.loss, result.lr,
+                                       result.examples, result.seconds, logged)
                 done = self.iteration >= max_iter
                 if cfg.test_interval and self.iteration % cfg.test_interval == 0 and not done:
                     last_test = self._test_and_log(log, callbacks)
@@ -419,6 +454,9 @@ class Trainer:
             raise self._stop_here(first, callbacks) from None
         finally:
             log.close()
+            if self._scalars is not None:
+                self._scalars.close()
+                self._scalars = None
             self.loader.close()
         return last_test
 
@@ -455,6 +493,8 @@ class Trainer:
         result = self.test(self.config.solver.test_iter)
         self._log(log, {"iter": result.iteration, "test_loss": result.loss, **{
             f"test_{k}": v for k, v in result.metrics.items()}})
+        if self._scalars is not None:
+            self._scalars.test(result.iteration, result.loss, result.metrics)
         if callbacks.on_test:
             callbacks.on_test(result)
         acc = result.accuracy

@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from netrun.util.progress import activity
+
 ENV = "NETRUN_JIT"
 _state = {"forced_off": False}
 _available: bool | None = None
@@ -93,8 +95,11 @@ class Kernel:
 
     def prepare(self, *signatures: str) -> None:
         """Compile (or load from the disk cache) these Numba signatures now."""
-        for sig in signatures:
-            self.compiled.compile(sig)
+        # A cold cache costs seconds per kernel: say so (the CLI shows it past a moment).
+        with activity(f"compiling the {self.__name__} kernel (Numba; cached on disk after "
+                      f"the first run)"):
+            for sig in signatures:
+                self.compiled.compile(sig)
 
 
 def kernel(fn: Callable) -> Kernel:

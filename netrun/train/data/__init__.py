@@ -111,5 +111,6 @@ def data_workers(cfg: dict, data: Any) -> int:
 
 
 __all__ = ["data_workers", "make_source", "parse_spec", "make_transform", "Transform",
-           "BatchLoader", "iterate_once", "Arrays", "DataSource", "SourceRequest", "register_source",
-           "SOURCES", "expand_path", "resolve_data_dir", "data_keys", "COMMON_KEYS", "SOURCE_KEYS"]
+           "BatchLoader", "iterate_once", "Arrays", "DataSource", "SourceRequest",
+           "register_source", "SOURCES", "expand_path", "resolve_data_dir", "data_keys",
+           "COMMON_KEYS", "SOURCE_KEYS"]

@@ -30,7 +30,8 @@ def read_batches(paths: list[Path]) -> Arrays:
         raw = np.fromfile(path, dtype=np.uint8)
         if raw.size == 0 or raw.size % RECORD:
             raise NetrunError(f"{path}: {raw.size} bytes is not a whole number of CIFAR-10 "
-                              f"records ({RECORD} bytes each); the file is truncated or not CIFAR-10")
+                              f"records ({RECORD} bytes each); the file is truncated or not "
+                              f"CIFAR-10")
         chunks.append(raw.reshape(-1, RECORD))
     records = np.concatenate(chunks)
     labels = records[:, 0].astype(np.int32)

@@ -1,8 +1,9 @@
 """Fetch dataset files from the recipe URLs: verified (size, MD5, SHA-256) and atomic.
 
-The recipes live in `data/recipes.yaml` at the top of the checkout. A file is written to a
-hidden temporary name beside its destination, checked, fsynced and renamed into place, so
-an interrupted or corrupt download never leaves a file that looks complete. When a recipe
+The recipes live in `recipes.yaml` beside this module (package data, so an installed netrun
+has them too). A file is written to a hidden temporary name beside its destination, checked,
+fsynced and renamed into place, so an interrupted or corrupt download never leaves a file
+that looks complete. When a recipe
 has no SHA-256 yet, the digest of the first verified download is appended to `SHA256SUMS`
 in the data folder, to be copied into the recipe (see data/README.md).
 """
@@ -20,8 +21,9 @@ from typing import Any
 
 from netrun.errors import NetrunError
 from netrun.util import safe_yaml
+from netrun.util.progress import activity
 
-RECIPES = Path(__file__).resolve().parents[3] / "data" / "recipes.yaml"
+RECIPES = Path(__file__).resolve().with_name("recipes.yaml")
 log = logging.getLogger("netrun.data")
 
 
@@ -108,8 +110,10 @@ def download_files(dataset: str, names: list[str], directory: Path,
             url = base if not base.endswith("/") else base + name
             log.info("downloading %s", url)
             try:
-                digest = fetch(url, directory / name, size=spec.get("bytes"),
-                               md5=spec.get("md5"), sha256=spec.get("sha256"), timeout=timeout)
+                with activity(f"downloading {url}"):
+                    digest = fetch(url, directory / name, size=spec.get("bytes"),
+                                   md5=spec.get("md5"), sha256=spec.get("sha256"),
+                                   timeout=timeout)
             except NetrunError as e:
                 reasons[name] = str(e)
                 continue
@@ -127,8 +131,9 @@ def download_files(dataset: str, names: list[str], directory: Path,
 
 def _record_sha256(directory: Path, name: str, digest: str) -> None:
     # The recipe had no SHA-256: keep the verified (size + MD5) file's digest beside it,
-    # in `sha256sum` format, so a maintainer can copy it into data/recipes.yaml.
-    log.warning("%s: SHA-256 %s (not yet in data/recipes.yaml; recorded in %s)", name, digest,
+    # in `sha256sum` format, so a maintainer can copy it into the recipes.
+    log.warning("%s: SHA-256 %s (not yet in netrun/train/data/recipes.yaml; recorded in %s)",
+                name, digest,
                 directory / "SHA256SUMS")
     try:
         with open(directory / "SHA256SUMS", "a") as f:

@@ -29,6 +29,7 @@ from netrun.train.data.paths import (
     resolve_data_dir,
     writable_dir,
 )
+from netrun.util.progress import activity
 
 VERSION = 1                  # bump when the rendering changes: it is part of the cache key
 SIZE = 28
@@ -146,7 +147,9 @@ def load_or_generate(count: int, seed: int, part: str, cache_dir: Path | None) -
         cached = read_cache(path, count)
         if cached is not None:
             return cached
-    arrays = generate(count, seed, part)
+    later = " (once: cached for later runs)" if path is not None else ""
+    with activity(f"rendering {count:,} {part} digits{later}"):
+        arrays = generate(count, seed, part)
     if path is not None:
         _save_quietly(path, arrays)
     return arrays
