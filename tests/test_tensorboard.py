@@ -12,19 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from netrun.cli import cli
+from tests.test_cli_newuser import TINY_MODEL  # the same tiny net, no dropout
 
 pytest.importorskip("tensorboardX")
-
-TINY_MODEL = """\
-name: Tiny
-inputs: {data: [1, 28, 28], label: []}
-layers:
-  - {type: conv, name: c1, input: data, num_output: 4, kernel: 5, stride: 3}
-  - {type: relu, name: r1}
-  - {type: fc, name: f1, num_output: 10}
-loss: {type: softmax_cross_entropy, input: f1, label: label}
-metrics: [{type: accuracy, input: f1, label: label}]
-"""
 
 
 def write_config(tmp_path: Path, extra: str = "") -> str:

@@ -32,6 +32,7 @@ from netrun.errors import NetrunError
 from netrun.model import Model
 from netrun.proto.defs import NetDef, OperatorDef
 from netrun.proto.textformat import Enum, Message, format_message, format_string
+from netrun.util.names import unique_name
 from netrun.version import __version__
 
 NETS = ("predict", "train")
@@ -393,20 +394,10 @@ class PhaseWriter:
         raise Inexpressible(f"it reads '{blob}', which no Caffe layer before it writes")
 
     def _fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
+        return unique_name(base, self.taken)
 
     def _layer_name(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.layer_names:
-            k += 1
-            name = f"{base}_{k}"
-        self.layer_names.add(name)
-        return name
+        return unique_name(base, self.layer_names)
 
 
 # Inputs and data layers -----------------------------------------------------------------

@@ -16,6 +16,7 @@ from netrun.model import load_model
 from netrun.proto.defs import NetDef
 from netrun.train import checkpoint as ckpt
 from netrun.util.atomic import atomic_path
+from netrun.util.names import unique_name
 from netrun.version import __version__
 from netrun.weights import load_weights
 
@@ -122,12 +123,7 @@ class _Builder:
                           f"parameter nor written by an earlier op")
 
     def _fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}__{k}"
-        self.taken.add(name)
-        return name
+        return unique_name(base, self.taken, "__")
 
     def out(self, op, i: int) -> str:
         """A new ONNX name for op's i-th output (ONNX is single-assignment)."""

@@ -18,6 +18,7 @@ from netrun.core.shape_inference import infer_op
 from netrun.errors import NetrunError
 from netrun.model.model import Param
 from netrun.proto.defs import OperatorDef
+from netrun.util.names import unique_name
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
 _MAX_NAME = 200
@@ -48,12 +49,7 @@ class Namer:
         """A new name from `base`: characters HDF5 groups and NetDef text would trip over
         become '_', and a counter keeps it unique."""
         clean = _UNSAFE.sub("_", base).strip("_.")[:_MAX_NAME] or "blob"
-        name, k = clean, 1
-        while name in self.taken:
-            k += 1
-            name = f"{clean}__{k}"
-        self.taken.add(name)
-        return name
+        return unique_name(clean, self.taken, "__")
 
 
 @dataclass

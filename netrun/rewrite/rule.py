@@ -13,6 +13,7 @@ from typing import Callable
 from netrun.proto.defs import OperatorDef
 from netrun.rewrite.fold import Fold
 from netrun.rewrite.graph import Graph
+from netrun.util.names import unique_name
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,7 @@ class Context:
 
     def fresh(self, base: str) -> str:
         """A blob name no op or earlier rewrite uses, from `base`."""
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}{k}"
-        self.taken.add(name)
-        return name
+        return unique_name(base, self.taken, "")
 
 
 @dataclass(frozen=True)
