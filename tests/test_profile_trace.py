@@ -167,7 +167,10 @@ def test_worker_threads_show_each_chunk(monkeypatch):
     assert fc[1]["args"]["inputs"] == {"X": [256, 1024], "W": [512, 1024], "b": [512]}
     assert fc[1]["args"]["outputs"] == {"Y": [256, 512]}
     chunks = _slices(events, cat="chunk")
-    assert {e["tid"] for e in chunks} == {WORKER_TID, WORKER_TID + 1}
+    # A track per thread that ran chunks: the caller's, and the pool's (a pool made larger
+    # by an earlier caller may hand worker 1's blocks to a different thread each iteration).
+    tids = {e["tid"] for e in chunks}
+    assert WORKER_TID in tids and len(tids) >= 2 and all(t > WORKER_TID for t in tids - {WORKER_TID})
     assert {e["args"]["kind"] for e in chunks} == {"gemm block"}
     count = chunks[0]["args"]["of"]
     assert count >= 2 and len(chunks) == 2 * count        # every block of both iterations
