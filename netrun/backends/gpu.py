@@ -71,6 +71,9 @@ class GPUBackend(Backend):
         name = props["name"]
         self._name = name.decode() if isinstance(name, bytes) else str(name)
         self.compute_capability = f"{props.get('major', 0)}{props.get('minor', 0)}"
+        # The card's PCI address: which physical GPU this is, whatever its index here.
+        self.pci_address = (f"{props.get('pciDomainID', 0):04x}:{props.get('pciBusID', index):02x}"
+                            f":{props.get('pciDeviceID', 0):02x}")
         self.pool = cupy.get_default_memory_pool()
         self._peak_held = 0
         self._versions: dict[str, str] | None = None

@@ -293,6 +293,21 @@ def _elementwise(cx: "PhaseWriter", op: OperatorDef, s: OpShapes) -> bool:
     return True
 
 
+def _broadcast_layer(cx: "PhaseWriter", op: OperatorDef, s: OpShapes,
+                     verb: str) -> tuple[int, bool, Message]:
+    """(axis, whether the second operand is learned, the Scale/Bias parameter message with
+    its axes and filler) of a broadcast Mul or Add onto its first operand."""
+    if cx.is_param(op.inputs[0]):
+        raise Inexpressible(f"a learned first operand; Caffe's {verb} its first bottom")
+    axis = _broadcast_axis(op, s)
+    learned = cx.is_param(op.inputs[1])
+    p = Message()
+    _axes_fields(p, axis, s.inputs[1].shape, learned)
+    if learned:
+        cx.filler(p, "filler", op.inputs[1])
+    return axis, learned, p
+
+
 def _axes_fields(msg: Message, axis: int, shape, learned: bool) -> None:
     _maybe(msg, "axis", axis, 1)
     if learned:   # with a second bottom, its shape says how many axes
@@ -305,15 +320,8 @@ def mul(cx: "PhaseWriter", op: OperatorDef, s: OpShapes) -> None:
     after, on the product alone, becomes the Scale's bias."""
     if _elementwise(cx, op, s):
         return
-    if cx.is_param(op.inputs[0]):
-        raise Inexpressible("a learned first operand; Caffe's Scale scales its first bottom")
-    axis = _broadcast_axis(op, s)
-    learned = cx.is_param(op.inputs[1])
-    p = Message()
-    _axes_fields(p, axis, s.inputs[1].shape, learned)
+    axis, learned, p = _broadcast_layer(cx, op, s, "Scale scales")
     params = [cx.param(op.inputs[1])] if learned else []
-    if learned:
-        cx.filler(p, "filler", op.inputs[1])
     bottoms = [op.inputs[0]] + ([] if learned else [op.inputs[1]])
     top = op.outputs[0]
     add = cx.sole_reader(op, top)
@@ -339,14 +347,7 @@ def add(cx: "PhaseWriter", op: OperatorDef, s: OpShapes) -> None:
     """Eltwise SUM, or Bias (β learned or a second bottom)."""
     if _elementwise(cx, op, s):
         return
-    if cx.is_param(op.inputs[0]):
-        raise Inexpressible("a learned first operand; Caffe's Bias adds to its first bottom")
-    axis = _broadcast_axis(op, s)
-    learned = cx.is_param(op.inputs[1])
-    p = Message()
-    _axes_fields(p, axis, s.inputs[1].shape, learned)
-    if learned:
-        cx.filler(p, "filler", op.inputs[1])
+    _, learned, p = _broadcast_layer(cx, op, s, "Bias adds to")
     cx.add("Bias", op, [op.inputs[0]] + ([] if learned else [op.inputs[1]]), [op.outputs[0]],
            Message().add("bias_param", p), [cx.param(op.inputs[1])] if learned else [])
 

@@ -83,9 +83,7 @@ def gpu_world(device: str, comm: Communicator,
 def shares_its_gpu(comm: Communicator, backend: Any) -> bool:
     """Whether another rank of the job trains on this rank's GPU (same machine, same PCI
     address). Collective: every rank calls it."""
-    props = backend.xp.cuda.runtime.getDeviceProperties(backend.index)
-    where = (f"{socket.gethostname()}/{props.get('pciDomainID', 0)}:"
-             f"{props.get('pciBusID', backend.index)}:{props.get('pciDeviceID', 0)}")
+    where = f"{socket.gethostname()}/{backend.pci_address}"
     # Each rank's key in its own slot (a CRC is exact in float64); the sum is every key.
     keys = np.zeros(comm.size, np.float64)
     keys[comm.rank] = zlib.crc32(where.encode()) + 1
