@@ -23,6 +23,9 @@ class ConvPlan:
     out_shape: tuple[int, ...]
     algos: dict[str, ConvAlgorithm] = field(default_factory=dict)
     warmed: bool = False
+    # how the op holds its arrays when they are channel-blocked (a oneDNN conv Layout that
+    # the algorithm is handed); None: in the op's order
+    layout: object = None
 
     @property
     def scratch_bytes(self) -> int:

@@ -19,6 +19,7 @@ from netrun.ops import (  # noqa: F401
     fc,
     fill,
     gpu,  # noqa: F401  (CUDA sources as text: importing it loads no CuPy)
+    layout,
     loss,
     metrics,
     movement,
@@ -33,9 +34,9 @@ from netrun.ops import (  # noqa: F401
 )
 
 # The families in the order `netrun ops` and docs/ops.md list them.
-FAMILIES = ("activation", "unary", "elementwise", "movement", "reshape", "reduce", "fc", "conv",
-            "pool", "softmax", "loss", "metrics", "norm", "dropout", "fill", "solver_ops",
-            "optimizers", "db", "caffe_ops")
+FAMILIES = ("activation", "unary", "elementwise", "movement", "layout", "reshape", "reduce",
+            "fc", "conv", "pool", "softmax", "loss", "metrics", "norm", "dropout", "fill",
+            "solver_ops", "optimizers", "db", "caffe_ops")
 
 
 def family_of(type_: str) -> str | None:

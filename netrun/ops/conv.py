@@ -13,6 +13,13 @@ Conv's `relu` argument (set by the bind-time rewrites in netrun.rewrite) applies
 the output: inside the algorithm's forward when it `fuses_relu` (a post-op), else in place
 right after it. Its gradient is ReluGradient on the output, then ConvGradient.
 
+Conv's `blocked` argument (set by the bind-time layout plan, netrun.rewrite.layout) makes Y
+channel-blocked, N × ⌈M/B⌉ × oH × oW × B with the channels zero-padded to whole blocks, the
+layout oneDNN's direct kernels run on; a 5-D X is read as blocked the same way, and a
+residual S is blocked like Y. Such an op runs on the "onednn" algorithm alone (the only one
+that reads and writes these layouts), so activations stay blocked from conv to conv and are
+reordered only where the plan put a reorder op (netrun.ops.layout).
+
 Gradient ops take (X, W, dY) and write dW, then db unless `no_bias`, then dX: dX is left
 out when nobody wants it (the first conv of a net), so its presence is the output count.
 """
@@ -37,6 +44,7 @@ from netrun.kernels import relu as relu_kernels
 from netrun.kernels.geometry import ConvGeometry
 from netrun.kernels.jit import blocked as jit_blocked
 from netrun.kernels.jit import im2col as jit_im2col
+from netrun.kernels.onednn.conv import Layout
 from netrun.ops.common import conv_pool_args
 
 CONV_TYPES = ("Conv", "ConvGradient", "ConvTranspose", "ConvTransposeGradient")
@@ -102,10 +110,33 @@ def _layout(shape, nhwc: bool) -> tuple[int, ...]:
     return (shape[0], shape[2], shape[3], shape[1]) if nhwc else tuple(shape)
 
 
+BLOCKED_ALGORITHM = "onednn"   # the one algorithm that reads and writes blocked layouts
+
+
+def _blocks(args: Args, x: TensorSpec) -> tuple[int, int]:
+    """(X's channel block, Y's channel block) of a Conv; 0 where the array is in `order`."""
+    return (x.shape[4] if len(x.shape) == 5 else 0), int(args.get("blocked") or 0)
+
+
+def _unblocked_x(args: Args, x: TensorSpec, w: TensorSpec) -> TensorSpec:
+    """X's NCHW spec when X is channel-blocked (N × ⌈C/B⌉ × H × W × B; C from W)."""
+    if len(x.shape) != 5:
+        return x
+    if args.order != "NCHW" or args.group != 1 or len(w.shape) != 4:
+        raise ShapeError(f"a channel-blocked X {x} needs order NCHW, group 1 and a 4-D W, "
+                         f"got order {args.order}, group {args.group}, W {w}")
+    n, blocks, h, wd, block = x.shape
+    c = w.shape[1]
+    if -(-c // block) != blocks:
+        raise ShapeError(f"W expects {c} channels but the blocked X {x} holds {blocks} "
+                         f"blocks of {block}")
+    return TensorSpec((n, c, h, wd), x.dtype)
+
+
 def _conv_problem(args: Args, ins: list[TensorSpec], transposed: bool,
                   ) -> tuple[ConvProblem, tuple[int, ...]]:
     """The (equivalent) convolution's problem and the op's output shape; ShapeError on misfit."""
-    x, w = ins[0], ins[1]
+    x, w = _unblocked_x(args, ins[0], ins[1]), ins[1]
     for role, spec in (("X", x), ("W", w)):
         if len(spec.shape) != 4:
             raise ShapeError(f"{role} must be 4-D ({args.order}) for a 2-D convolution, got {spec}")
@@ -144,6 +175,12 @@ def _conv_problem(args: Args, ins: list[TensorSpec], transposed: bool,
     if len(ins) > 2 and tuple(ins[2].shape) != (m,):
         raise ShapeError(f"b has shape {ins[2]} but the op has {m} output channels: "
                          f"b {ins[2]}, W {w}")
+    block = int(args.get("blocked") or 0)
+    if block and not transposed:
+        if nhwc or g != 1:
+            raise ShapeError(f"a channel-blocked Y needs order NCHW and group 1, got order "
+                             f"{args.order}, group {g}")
+        return problem, (n, -(-m // block), oh, ow, block)
     return problem, _layout((n, m, oh, ow), nhwc)
 
 
@@ -188,6 +225,9 @@ def _make_gradient_cost_fn(transposed: bool):
 
 _RELU = Arg("relu", "int", 0, allowed=(0, 1),
             doc="1: Y = max(conv(X, W) + b, 0), fused into the algorithm where it can")
+_BLOCKED = Arg("blocked", "int", 0, allowed=(0, 8, 16),
+               doc="B > 0: Y is channel-blocked, N×⌈M/B⌉×oH×oW×B (oneDNN's layout; set by "
+                   "the bind-time layout plan); a 5-D X is read as blocked too")
 
 
 def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
@@ -196,7 +236,8 @@ def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
     register_schema(
         type, inputs=(2, most), outputs=1, input_names=("X", "W", "b", "S")[:most],
         output_names=("Y",),
-        args=args + (() if transposed else (_RELU,)), shape_fn=_make_shape_fn(transposed),
+        args=args + (() if transposed else (_RELU, _BLOCKED)),
+        shape_fn=_make_shape_fn(transposed),
         cost_fn=_make_cost_fn(transposed),
         check_fn=lambda op, a: _check(op, a, transposed, False), family="conv", doc=doc)
     register_schema(
@@ -220,8 +261,16 @@ def _plan(ctx, X, W) -> ConvPlan:
             problem, out_shape = _conv_problem(ctx.args, specs, transposed)
             if ctx.args.algo:   # a fixed algorithm that cannot run this shape fails here
                 fixed_algorithm(problem, ctx.args.algo, ctx.backend.name)
+            blocks = _blocks(ctx.args, specs[0])
+            if any(blocks):
+                blocked = fixed_algorithm(problem, BLOCKED_ALGORITHM, ctx.backend.name)
         except ShapeError as e:
             raise ShapeError(f"op {ctx.def_.label}: {e}") from None
+        if any(blocks):
+            plan = ctx.state["plan"] = ConvPlan(key, problem, out_shape, {"forward": blocked},
+                                                warmed=True, layout=Layout(*blocks))
+            ctx.state["algo"] = plan.label
+            return plan
         warmed = all((a.name, replace(problem, n=1), d) in ctx.ws.conv.warmed
                      for d, a in _rule_picks(ctx.ws, problem, ctx.def_, ctx.args).items())
         plan = ctx.state["plan"] = ConvPlan(key, problem, out_shape, warmed=warmed)
@@ -263,6 +312,8 @@ def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu
     fused = relu and algo.fuses_relu and residual is None
     if fused:
         extra["relu"] = True
+    if plan.layout is not None:
+        extra["layout"] = plan.layout
     if direction == "forward" and algo.keeps_filters and not nhwc:
         w = ctx.def_.inputs[1]
         extra["filters"] = KeptFilters((id(ctx.ws.get_blob(w)), ctx.ws.version(w)),
@@ -369,6 +420,9 @@ def _scratch_estimate(ws, op, args, ins) -> int:
     """Scratch of the algorithms this op will pick for the passes it runs (a Conv: forward
     only), so a memory plan can fault it in at bind. Choosing by the rules runs nothing."""
     problem, _ = _conv_problem(args, ins[:2], op.type.startswith("ConvTranspose"))
+    if op.type == "Conv" and any(_blocks(args, ins[0])):
+        return fixed_algorithm(problem, BLOCKED_ALGORITHM, ws.backend.name).workspace_bytes(
+            problem)
     return max(algo.workspace_bytes(problem)
                for algo in _rule_picks(ws, problem, op, args).values())
 
@@ -381,6 +435,12 @@ def _warm_up(ws, op, args, ins) -> None:
     if ws.backend.xp is not np:
         return
     problem, _ = _conv_problem(args, ins[:2], op.type.startswith("ConvTranspose"))
+    blocks = _blocks(args, ins[0]) if op.type == "Conv" else (0, 0)
+    if any(blocks):   # one algorithm, and nothing to warm but its primitives
+        fixed_algorithm(problem, BLOCKED_ALGORITHM, "cpu").prepare(
+            problem, "forward", bias=len(op.inputs) > 2, relu=bool(args.relu),
+            layout=Layout(*blocks), residual=len(op.inputs) > 3)
+        return
     # what the passes will ask of an algorithm that fuses them (a forward's bias and ReLU,
     # a filter gradient's db); ConvTranspose adds its bias outside the algorithm
     bias = len(op.inputs) > 2 if op.type == "Conv" else (

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -11,6 +12,7 @@ from netrun.proto.defs import NetDef
 from netrun.rewrite import inference, training
 from netrun.rewrite.fold import Fold
 from netrun.rewrite.graph import Graph
+from netrun.rewrite.layout import plan_layouts
 from netrun.rewrite.rule import Context, Rule
 
 MODES = ("inference", "training")
@@ -68,12 +70,16 @@ def rules(mode: str) -> tuple[Rule, ...]:
 
 def rewrite(net: NetDef, mode: str, keep: Iterable[str] = (),
             shape_of: Callable[[str], tuple[int, ...] | None] = lambda name: None,
-            enabled: bool = True) -> Rewritten:
-    """Apply the mode's rules to a copy of `net` until none matches.
+            enabled: bool = True, block: int = 0,
+            dtype_of: Callable[[str], str | None] = lambda name: None) -> Rewritten:
+    """Apply the mode's rules to a copy of `net` until none matches, then (inference, with
+    block > 0) plan channel-blocked layouts (netrun.rewrite.layout).
 
     keep: blobs the caller reads after the net ran (besides its external outputs); their
-    values are never fused away. shape_of: a parameter's shape, None where unknown (a fold
-    then does not fire). enabled=False returns the net as it is (the --no-fuse switch).
+    values are never fused away nor blocked. shape_of / dtype_of: a parameter's shape and
+    data type, None where unknown (a fold or a blocked conv then does not happen). block:
+    oneDNN's channel block on this machine (`layout_block`), 0 for no layout plan.
+    enabled=False returns the net as it is (the --no-fuse switch).
     """
     out = net.copy()
     result = Rewritten(out)
@@ -81,7 +87,8 @@ def rewrite(net: NetDef, mode: str, keep: Iterable[str] = (),
         return result
     keep = set(keep) | set(net.external_outputs)
     ops = list(out.ops)
-    ctx = Context(shape_of, taken={*Graph(ops, ()).names(), *net.external_inputs})
+    ctx = Context(shape_of, taken={*Graph(ops, ()).names(), *net.external_inputs},
+                  dtype_of=dtype_of)
     for rule in rules(mode):
         if not rule.available():
             continue
@@ -94,8 +101,33 @@ def rewrite(net: NetDef, mode: str, keep: Iterable[str] = (),
             result.folds.extend(match.folds)
             for fold in match.folds:
                 out.external_inputs.extend([fold.weight, fold.bias])
+    if mode == "inference" and block:
+        # a folded conv's filters are new blobs, shaped and typed as the filters they replace
+        made = {f.weight: f.conv_w for f in result.folds}
+        ctx = Context(lambda n: shape_of(made.get(n, n)), ctx.taken,
+                      lambda n: dtype_of(made.get(n, n)))
+        planned = plan_layouts(ops, keep, block, ctx)
+        ops = planned.ops
+        result.fired.extend(Fired("blocked_layout", (label,), label)
+                            for label in planned.blocked)
+        result.fired.extend(Fired("reorder", (), label) for label in planned.reorders)
     out.ops = ops
     return result
+
+
+def layout_block(backend: str = "cpu") -> int:
+    """The channel block a layout plan on `backend` uses: oneDNN's on the CPU when the
+    engine is there and NETRUN_LAYOUTS is not 'off', else 0 (no plan)."""
+    from netrun.kernels import onednn
+    from netrun.kernels.onednn import conv as onednn_conv
+
+    if (backend != "cpu" or not onednn.available()
+            or os.environ.get(LAYOUTS_ENV, "").strip().lower() in ("0", "off", "false", "no")):
+        return 0
+    return onednn_conv.channel_block()
+
+
+LAYOUTS_ENV = "NETRUN_LAYOUTS"
 
 
 def bind_rewrite(net: NetDef, ws, mode: str, keep: Iterable[str] = (),
@@ -105,7 +137,11 @@ def bind_rewrite(net: NetDef, ws, mode: str, keep: Iterable[str] = (),
     def shape_of(name: str):
         return tuple(ws.get_blob(name).shape) if ws.has_blob(name) else None
 
-    result = rewrite(net, mode, keep, shape_of, enabled)
+    def dtype_of(name: str):
+        return str(ws.get_blob(name).dtype) if ws.has_blob(name) else None
+
+    result = rewrite(net, mode, keep, shape_of, enabled, layout_block(ws.backend.name),
+                     dtype_of)
     result.materialize(ws)
     return result
 

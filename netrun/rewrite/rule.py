@@ -27,10 +27,12 @@ class Match:
 
 @dataclass(frozen=True)
 class Context:
-    """What a matcher may ask beyond the graph: parameter shapes and fresh blob names."""
+    """What a matcher may ask beyond the graph: parameter shapes and data types (None where
+    unknown) and fresh blob names."""
 
     shape_of: Callable[[str], tuple[int, ...] | None]
     taken: set = field(default_factory=set)
+    dtype_of: Callable[[str], str | None] = lambda name: None
 
     def fresh(self, base: str) -> str:
         """A blob name no op or earlier rewrite uses, from `base`."""

@@ -88,6 +88,8 @@ FINITE_DIFFERENCES: dict[str, list[str]] = {
     "Split": [f"{SHP}::test_split_sizes_equal_parts_and_gradient"],
     "Slice": [f"{SHP}::test_slice_caffe2_negative_ends_and_gradient"],
     "Pad": ["ops.test_pad::test_pad_forward_and_gradient"],
+    "NCHWToBlocked": ["ops.test_layout_ops::test_reorder_gradients"],
+    "BlockedToNCHW": ["ops.test_layout_ops::test_reorder_gradients"],
     "Flatten": [f"{SHP}::test_flatten_matches_torch_and_gradient"],
     "Reshape": [f"{SHP}::test_reshape_zero_and_minus_one"],
     "ResizeLike": [f"{COV}::test_gap_resize_like_gradient"],
@@ -209,6 +211,12 @@ NO_TORCH: dict[str, tuple[str, list[str]]] = {
                              [f"{CAFFE}::test_sparse_gaussian_and_positive_unitball_fills"]),
     "AllreduceStart": (_EXCHANGE, _EXCHANGE_TESTS),
     "AllreduceWait": (_EXCHANGE, _EXCHANGE_TESTS),
+    "NCHWToBlocked": ("torch has no op for oneDNN's blocked layouts; compared with the layout's "
+                      "definition by NumPy indexing, and round trips",
+                      ["ops.test_layout_ops::test_reorders_match_the_layout_and_round_trip"]),
+    "BlockedToNCHW": ("torch has no op for oneDNN's blocked layouts; compared with the layout's "
+                      "definition by NumPy indexing, and round trips",
+                      ["ops.test_layout_ops::test_reorders_match_the_layout_and_round_trip"]),
     "Save": ("file I/O; a Save/Load round trip must give the blobs back bit for bit",
              [f"{COV}::test_gap_save_load_round_trip"]),
     "Load": ("file I/O; a Save/Load round trip must give the blobs back bit for bit",

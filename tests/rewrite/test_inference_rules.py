@@ -17,6 +17,13 @@ from netrun.rewrite import bind_rewrite, rewrite
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _no_layout_plan(monkeypatch):
+    """These tests check the fusion rules' nets op by op; the layout plan that follows them
+    on a CPU with oneDNN has its own tests (test_layouts.py)."""
+    monkeypatch.setenv("NETRUN_LAYOUTS", "off")
+
+
 def _bn_params(rng, prefix: str, c: int, dtype) -> dict[str, np.ndarray]:
     return {f"{prefix}_s": rng.uniform(0.5, 1.5, c).astype(dtype),
             f"{prefix}_b": rng.standard_normal(c).astype(dtype),

@@ -88,32 +88,42 @@ class OneDNNConv(ConvAlgorithm):
         threads = min(parallel.thread_count(), CHUNKS)
         return (x + y + w * (1 + threads)) * p.itemsize
 
-    def prepare(self, p, direction, bias=False, relu=False):
+    def prepare(self, p, direction, bias=False, relu=False, layout=engine.NCHW,
+                residual=False):
         """Compile the primitives of every chunk size this pass will run (at bind)."""
         if not self.applicable(p):
             return
         name = {"backward_filter": "backward_weights"}.get(direction, direction)
-        if direction == "forward" and _team(p, bias, relu) is not None:
-            return
+        if direction == "forward":
+            layout, relu = _forward_layout(p, layout, bias, relu, residual)
+            if _team(p, bias, relu, layout) is not None:
+                return
         parts = [replace(p, n=n1 - n0) for n0, n1 in _batch_spans(p)]
         for part in {q: None for q in parts}:   # each chunk size once, in order
             engine.plan(spec(part), name, 1, bias and direction != "backward_data",
-                        relu and direction == "forward")
+                        relu and direction == "forward", layout=layout)
 
     def forward(self, xp, x, w, p, out, scratch, bias=None, relu=False, filters=None,
-                residual=None):
+                residual=None, layout=engine.NCHW):
+        """`layout` (netrun.kernels.onednn.conv.Layout) says whether x, out and residual are
+        channel-blocked arrays rather than NCHW (`blocked_layouts`)."""
         x, w = _c(x), _c(w)
         bias = None if bias is None else _c(bias)
         y = _writable(out, scratch, "onednn.y")
-        # A residual is summed before the ReLU, so the primitive then applies none.
-        after = None if residual is None else _Residual(_c(residual), relu)
-        post_relu = relu and after is None
+        layout, post_relu = _forward_layout(p, layout, bias is not None, relu,
+                                            residual is not None)
+        if layout.add_dst:   # blocked like y: the primitive adds it (a sum post-op)
+            after = _Preload(_c(residual))
+        else:   # summed on the way out of oneDNN's layout, before the ReLU
+            after = None if residual is None else _Residual(_c(residual), relu, layout.y_block)
 
-        team = _team(p, bias is not None, post_relu)
+        team = _team(p, bias is not None, post_relu, layout)
         if team is not None:
             kept = _kept(team, w, filters)
+            if after is not None:
+                after.start(y, 0, p.n)
             blocked = engine.run(team, team.threads, scratch, kept and {"weights": kept},
-                                 after and "dst", src=x, weights=None if kept else w,
+                                 after and after.blocked, src=x, weights=None if kept else w,
                                  bias=bias, dst=y)
             if after is not None:
                 after.finish(blocked, y, 0, p.n)
@@ -121,9 +131,12 @@ class OneDNNConv(ConvAlgorithm):
             staged = _Filters(w, scratch, filters)
 
             def work(index, n0, n1):
-                d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, post_relu)
+                d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, post_relu,
+                                layout=layout)
+                if after is not None:
+                    after.start(y, n0, n1)
                 blocked = engine.run(d, 1, parallel.chunk_scratch(scratch, index),
-                                     staged.staged(d), after and "dst", src=x[n0:n1],
+                                     staged.staged(d), after and after.blocked, src=x[n0:n1],
                                      bias=bias, dst=y[n0:n1])
                 if after is not None:
                     after.finish(blocked, y, n0, n1)
@@ -203,14 +216,31 @@ def _filter_chunk(d, s, index: int, x, dy, dw, dbias, staged: dict):
     return commit
 
 
-def _team(p: ConvProblem, bias: bool, relu: bool) -> engine.Direction | None:
+def _forward_layout(p: ConvProblem, layout: engine.Layout, bias: bool, relu: bool,
+                    residual: bool) -> tuple[engine.Layout, bool]:
+    """(the plan's layout, whether its ReLU is a post-op) of a forward pass. A residual with
+    a blocked output is preloaded into it and summed by the primitive, which then applies
+    the ReLU too, unless oneDNN would not write that layout itself; without a blocked
+    output the sum (and so the ReLU) comes after the primitive."""
+    if not residual:
+        return layout, relu
+    if layout.y_block:
+        summed = replace(layout, add_dst=True)
+        d = engine.plan(spec(p), "forward", 1, bias, relu, layout=summed)
+        if d is not None and "dst" not in d.reorders:
+            return summed, relu
+    return layout, False
+
+
+def _team(p: ConvProblem, bias: bool, relu: bool,
+          layout: engine.Layout = engine.NCHW) -> engine.Direction | None:
     """The forward plan for one call on an OpenMP team of netrun's thread count, when p is
     one image and oneDNN runs it on a direct JIT kernel (see the module doc); None: run it
     as chunks. Nested in a chunk: a team of one."""
     if p.n > 1:   # mixing OpenMP teams with netrun's chunked ops between them costs more
         return None
     threads = 1 if parallel.in_chunk() else parallel.thread_count()
-    d = engine.plan(spec(p), "forward", threads, bias, relu)
+    d = engine.plan(spec(p), "forward", threads, bias, relu, layout=layout)
     if d is None or not d.prim.impl.startswith(TEAM_KERNELS):
         return None
     return d
@@ -265,13 +295,35 @@ class _Filters:
             return {"weights": ready}
 
 
+class _Preload:
+    """A residual in the output's own blocked layout, copied into the output for the
+    primitive's sum post-op to add."""
+
+    blocked = None   # the primitive writes the output itself
+
+    def __init__(self, residual):
+        self.residual = residual
+
+    def start(self, y, n0: int, n1: int) -> None:
+        """Images n0:n1 of y hold the residual before the primitive runs."""
+        np.copyto(y[n0:n1], self.residual[n0:n1])
+
+    def finish(self, blocked, y, n0: int, n1: int) -> None:
+        """Nothing left: the primitive summed it."""
+
+
 class _Residual:
     """A residual summed into the forward output, then its ReLU when asked: straight out of
     oneDNN's blocked output into NCHW in one compiled pass (netrun.kernels.jit.blocked),
-    else on the NCHW output."""
+    else on the output as netrun holds it (NCHW, or blocked like the residual)."""
 
-    def __init__(self, residual, relu: bool):
+    def __init__(self, residual, relu: bool, y_block: int = 0):
         self.residual, self.relu = residual, relu
+        # a blocked output is never handed back still in oneDNN's own layout
+        self.blocked = None if y_block else "dst"
+
+    def start(self, y, n0: int, n1: int) -> None:
+        """Nothing before the primitive runs."""
 
     def finish(self, blocked, y, n0: int, n1: int) -> None:
         """Images n0:n1 of y (already written unless `blocked` holds them) get the sum."""

@@ -18,9 +18,11 @@ U = np.uint64
 
 @functools.cache
 def prepare() -> None:
-    """Compile (or load from Numba's disk cache) the float32 kernel now."""
+    """Compile (or load from Numba's disk cache) the float32 kernels now."""
     unblock_add.prepare("void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
                         "boolean)")
+    block.prepare("void(float32[:, :, ::1], float32[:, :, :, ::1])")
+    unblock.prepare("void(float32[:, :, :, ::1], float32[:, :, ::1])")
 
 
 @kernel
@@ -38,3 +40,30 @@ def unblock_add(blocked, residual, y, relu):
                 for j in range(width):
                     v = blocked[n, cb, p, j] + residual[n, c0 + j, p]
                     y[n, c0 + j, p] = zero if relu and v <= zero else v
+
+
+@kernel
+def block(x, out):
+    """out[n, c // B, p, c % B] = x[n, c, p], the padding channels of the last block 0."""
+    zero = out.dtype.type(0)
+    width = U(out.shape[3])
+    channels = U(x.shape[1])
+    for n in range(U(out.shape[0])):
+        for cb in range(U(out.shape[1])):
+            c0 = cb * width
+            for p in range(U(out.shape[2])):
+                for j in range(width):
+                    out[n, cb, p, j] = x[n, c0 + j, p] if c0 + j < channels else zero
+
+
+@kernel
+def unblock(blocked, y):
+    """y[n, c, p] = blocked[n, c // B, p, c % B] (the padding channels dropped)."""
+    width = U(blocked.shape[3])
+    channels = U(y.shape[1])
+    for n in range(U(blocked.shape[0])):
+        for cb in range(U(blocked.shape[1])):
+            c0 = cb * width
+            for j in range(min(width, channels - c0)):
+                for p in range(U(blocked.shape[2])):
+                    y[n, c0 + j, p] = blocked[n, cb, p, j]

@@ -47,6 +47,7 @@ _PROTOTYPES = {   # name -> argument types (every function returns a dnnl_status
     "dnnl_post_ops_create": [_P],
     "dnnl_post_ops_destroy": [c_void_p],
     "dnnl_post_ops_append_eltwise": [c_void_p, c_int, c_float, c_float],
+    "dnnl_post_ops_append_sum": [c_void_p, c_float, c_int, c_int],
     "dnnl_convolution_forward_primitive_desc_create":
         [_P, c_void_p, c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, _D, _D, _D, _D,
          c_void_p],
@@ -166,21 +167,25 @@ class MemoryDesc:
 
 
 class Attr:
-    """Primitive attributes: user-managed scratchpad, optionally a ReLU post-op."""
+    """Primitive attributes: user-managed scratchpad, optionally post-ops: the destination's
+    old contents summed in (`add_dst`: a residual preloaded into it), then a ReLU."""
 
-    def __init__(self, lib: Library, relu: bool = False):
+    def __init__(self, lib: Library, relu: bool = False, add_dst: bool = False):
         self.lib, self.handle = lib, c_void_p()
         f = lib.lib
         lib.check(f.dnnl_primitive_attr_create(byref(self.handle)), "primitive_attr_create")
         weakref.finalize(self, f.dnnl_primitive_attr_destroy, self.handle)
         lib.check(f.dnnl_primitive_attr_set_scratchpad_mode(
             self.handle, lib.enums.scratchpad["user"]), "set_scratchpad_mode")
-        if relu:
+        if relu or add_dst:
             ops = c_void_p()
             lib.check(f.dnnl_post_ops_create(byref(ops)), "post_ops_create")
             try:
-                lib.check(f.dnnl_post_ops_append_eltwise(ops, lib.enums.alg["eltwise_relu"],
-                                                         0.0, 0.0), "append_eltwise")
+                if add_dst:   # scale 1, zero point 0, the destination's own data type
+                    lib.check(f.dnnl_post_ops_append_sum(ops, 1.0, 0, lib.f32), "append_sum")
+                if relu:
+                    lib.check(f.dnnl_post_ops_append_eltwise(
+                        ops, lib.enums.alg["eltwise_relu"], 0.0, 0.0), "append_eltwise")
                 lib.check(f.dnnl_primitive_attr_set_post_ops(self.handle, ops), "set_post_ops")
             finally:
                 f.dnnl_post_ops_destroy(ops)   # the attribute keeps its own copy

@@ -6,7 +6,12 @@ blocked layouts, e.g. 16 channels innermost) and the reorders between netrun's N
 runs. Blocked intermediates and the scratchpad (attributes ask for a user-managed one) come
 from the caller's `scratch(key, shape, dtype)`, so nothing is allocated per call.
 
-Plans are compiled once per (problem, direction, bias, ReLU, thread count) and memoized:
+Netrun's arrays may also be in a channel-blocked layout themselves (`Layout`: the bind-time
+layout plan of netrun.rewrite.layout keeps activations blocked between convolutions, the
+IDEEP design): then oneDNN usually picks that same layout and no reorder runs at all.
+
+Plans are compiled once per (problem, direction, layout, bias, ReLU, thread count) and
+memoized:
 the memo is a cache of immutable compiled objects, safe to share between workspaces and
 threads. The thread count is part of the key because oneDNN fits its blocking to the
 threads it sees when a primitive is created.
@@ -50,6 +55,25 @@ class ConvSpec:
         if self.groups == 1:
             return (self.k, self.c, self.kh, self.kw)
         return (self.groups, self.k // self.groups, self.c // self.groups, self.kh, self.kw)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How netrun holds a forward pass's arrays: x_block / y_block, the channel block of the
+    input / output in aBcd{B}b (N × ⌈C/B⌉ × H × W × B, channels zero-padded to whole
+    blocks; 0: NCHW); add_dst: the output is preloaded with a residual that the primitive
+    adds (a sum post-op, before the ReLU)."""
+
+    x_block: int = 0
+    y_block: int = 0
+    add_dst: bool = False
+
+
+NCHW = Layout()
+
+
+def _tag(block: int, plain: str = "abcd") -> str:
+    return f"aBcd{block}b" if block else plain
 
 
 class Direction:
@@ -188,17 +212,18 @@ def _buffer(scratch: Callable, key: str, nbytes: int, held: list) -> int:
 
 
 # Building -------------------------------------------------------------------------------------
-def _user_mds(lib: api.Library, s: ConvSpec) -> dict[str, MemoryDesc]:
+def _user_mds(lib: api.Library, s: ConvSpec, layout: Layout = NCHW) -> dict[str, MemoryDesc]:
     tag_w = "abcd" if s.groups == 1 else "abcde"
-    return {"src": MemoryDesc.tagged(lib, (s.n, s.c, s.h, s.w), "abcd"),
+    return {"src": MemoryDesc.tagged(lib, (s.n, s.c, s.h, s.w), _tag(layout.x_block)),
             "weights": MemoryDesc.tagged(lib, s.weight_shape, tag_w),
-            "dst": MemoryDesc.tagged(lib, (s.n, s.k, s.oh, s.ow), "abcd"),
+            "dst": MemoryDesc.tagged(lib, (s.n, s.k, s.oh, s.ow), _tag(layout.y_block)),
             "bias": MemoryDesc.tagged(lib, (s.k,), "a")}
 
 
-def _any_mds(lib: api.Library, s: ConvSpec, plain: bool) -> dict[str, MemoryDesc]:
+def _any_mds(lib: api.Library, s: ConvSpec, plain: bool,
+             layout: Layout = NCHW) -> dict[str, MemoryDesc]:
     if plain:
-        return _user_mds(lib, s)
+        return _user_mds(lib, s, layout)
     return {"src": MemoryDesc.tagged(lib, (s.n, s.c, s.h, s.w), "any"),
             "weights": MemoryDesc.tagged(lib, s.weight_shape, "any"),
             "dst": MemoryDesc.tagged(lib, (s.n, s.k, s.oh, s.ow), "any"),
@@ -209,9 +234,12 @@ def _geometry(s: ConvSpec) -> tuple:
     return tuple(api.dims(v) for v in (s.strides, s.dilations, s.pad_l, s.pad_r))
 
 
-def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bool):
-    mds = _any_mds(lib, s, plain)
-    attr = api.Attr(lib, relu=relu)
+def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bool,
+                layout: Layout = NCHW):
+    mds = _any_mds(lib, s, plain, layout)
+    if layout.add_dst:   # the summed destination must be the array netrun preloaded
+        mds = {**mds, "dst": _user_mds(lib, s, layout)["dst"]}
+    attr = api.Attr(lib, relu=relu, add_dst=layout.add_dst)
     pd = api.create_pd(
         lib, "dnnl_convolution_forward_primitive_desc_create", lib.engine,
         lib.enums.prop["forward_training"], lib.enums.alg["convolution_direct"],
@@ -221,12 +249,16 @@ def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bo
 
 
 def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
-          plain: bool = False, count: int = 1) -> Direction | None:
+          plain: bool = False, count: int = 1, layout: Layout = NCHW) -> Direction | None:
     """The compiled direction ('forward', 'backward_data', 'backward_weights') for s on
-    `count` OpenMP threads (the caller has set them); None when oneDNN has no kernel for it."""
+    `count` OpenMP threads (the caller has set them); None when oneDNN has no kernel for it.
+    A layout other than NCHW is for the forward direction only."""
     lib = api.get()
-    user = _user_mds(lib, s)
-    hint = _forward_pd(lib, s, bias, relu and direction == "forward", plain)
+    if layout != NCHW and direction != "forward":
+        raise api.OneDNNError(f"a {direction} plan in layout {layout}: blocked layouts are "
+                              f"planned for inference (forward) only")
+    user = _user_mds(lib, s, layout)
+    hint = _forward_pd(lib, s, bias, relu and direction == "forward", plain, layout)
     if hint is None:
         return None
     if direction == "forward":
@@ -269,16 +301,36 @@ _LOCK = threading.Lock()
 
 
 def plan(s: ConvSpec, direction: str, count: int, bias: bool = False, relu: bool = False,
-         plain: bool = False) -> Direction | None:
+         plain: bool = False, layout: Layout = NCHW) -> Direction | None:
     """The memoized `build` for `count` OpenMP threads (oneDNN picks kernels for it)."""
-    key = (s, direction, bias, relu, plain, count)
+    key = (s, direction, bias, relu, plain, count, layout)
     found = _PLANS.get(key, _PLANS)
     if found is _PLANS:
         with _LOCK, threads.running(count):
             if key not in _PLANS:
-                _PLANS[key] = build(s, direction, bias, relu, plain, count)
+                _PLANS[key] = build(s, direction, bias, relu, plain, count, layout)
             found = _PLANS[key]
     return found
+
+
+def channel_block() -> int:
+    """The channel block oneDNN's direct convolutions use on this CPU (8 with AVX2, 16 with
+    AVX-512): the layout a net's activations are best kept in between them; 0 when oneDNN
+    keeps a mid-sized convolution in NCHW (no blocked kernel here)."""
+    found = _BLOCK.get("block")
+    if found is None:
+        s = ConvSpec(1, 64, 14, 14, 64, 3, 3, 14, 14, (1, 1), (0, 0), (1, 1), (1, 1), 1)
+        d = plan(s, "forward", 1)
+        found = 0
+        for block in (16, 8):
+            if d is not None and d.chosen["dst"] == MemoryDesc.tagged(d.lib, (1, 64, 14, 14),
+                                                                      _tag(block)):
+                found = block
+        _BLOCK["block"] = found
+    return found
+
+
+_BLOCK: dict[str, int] = {}
 
 
 def run(d: Direction, count: int, scratch: Callable, staged: dict[str, Staged] | None = None,

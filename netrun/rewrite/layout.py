@@ -1,0 +1,133 @@
+"""The layout plan: keep activations channel-blocked between oneDNN's convolutions.
+
+oneDNN's direct kernels run on channels in blocks of B (8 with AVX2, 16 with AVX-512):
+N × ⌈C/B⌉ × H × W × B. Converting NCHW into that layout and back around every convolution
+costs two passes over memory per layer, more than a small layer's arithmetic. Planned once at
+bind (the IDEEP design), a value stays blocked from the conv that writes it to the convs and
+elementwise ops that read it, and reorder ops (netrun.ops.layout) sit only at the boundaries
+of such regions: where an op that knows only NCHW reads a blocked value, and where an
+elementwise op mixes layouts.
+
+Which values are blocked: the output of a Conv that can run on oneDNN (2-D, NCHW, group 1,
+float32 filters, no other fixed algorithm) when at least one reader can take it blocked, the
+value is not one the caller keeps, and its name is written once in the net (no in-place
+reuse that would make one name hold two layouts); and the output of an elementwise op whose
+inputs are all blocked (Relu, AddRelu, a plain Add, Sum: the same arithmetic in any layout,
+as the padding channels stay 0), which then reorders its one result where needed rather
+than each of its inputs. Every kept value and net output stays NCHW.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from netrun.proto.defs import OperatorDef
+from netrun.rewrite.graph import Graph
+from netrun.rewrite.rule import Context
+
+ELEMENTWISE = ("Relu", "AddRelu", "Add", "Sum")
+
+
+@dataclass
+class LayoutPlan:
+    """The ops with their layouts planned, the ops made blocked, the reorders inserted."""
+
+    ops: list[OperatorDef]
+    blocked: list[str] = field(default_factory=list)     # labels of the ops made blocked
+    reorders: list[str] = field(default_factory=list)    # labels of the reorder ops added
+
+
+def _conv_capable(o: OperatorDef, ctx: Context) -> bool:
+    a = o.args
+    if (o.type != "Conv" or a.get("order", "NCHW") != "NCHW" or int(a.get("group", 1)) != 1
+            or a.get("algo", "") not in ("", "onednn") or int(a.get("blocked", 0))):
+        return False
+    w = o.inputs[1]
+    return len(ctx.shape_of(w) or ()) == 4 and ctx.dtype_of(w) == "float32"
+
+
+def _elementwise(o: OperatorDef) -> bool:
+    if o.type not in ELEMENTWISE or not o.inputs or len(o.outputs) != 1:
+        return False
+    return o.type != "Add" or (len(o.inputs) == 2 and not int(o.args.get("broadcast", 0)))
+
+
+def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
+                 ctx: Context) -> LayoutPlan:
+    """The plan for channel blocks of `block`, as described in the module doc."""
+    g = Graph(ops, keep)
+    writes: dict[str, int] = {}
+    for o in ops:
+        for name in o.outputs:
+            writes[name] = writes.get(name, 0) + 1
+    capable = [_conv_capable(o, ctx) or _elementwise(o) for o in ops]
+
+    def _holds_one_value(i: int, name: str) -> bool:
+        """Whether `name`, op i's first output, is written once and kept by nobody."""
+        return name not in keep and writes[name] == 1 and (i, 0) not in g.observable
+
+    def may_block(i: int) -> bool:
+        """Whether op i's output may be held blocked (see the module doc)."""
+        readers = g.readers.get((i, 0), [])
+        return _holds_one_value(i, ops[i].outputs[0]) and any(capable[j] for j, _ in readers)
+
+    out = LayoutPlan([])
+    channels: dict[str, int] = {}     # blocked value name -> its channels (C, unpadded)
+    copies: dict[str, str] = {}       # blocked value name -> its NCHW copy's name
+    blocked_in: dict[str, str] = {}   # NCHW name -> its blocked copy's name
+
+    def nchw(name: str) -> str:
+        """`name` as NCHW: itself, or a reorder's output inserted before the reader."""
+        if name not in channels:
+            return name
+        if name not in copies:
+            copies[name] = ctx.fresh(f"{name}_nchw")
+            _reorder(out, OperatorDef("BlockedToNCHW", (name,), (copies[name],),
+                                      {"channels": channels[name]}, f"{name}_to_nchw"))
+        return copies[name]
+
+    def as_blocked(name: str) -> str:
+        """`name` as blocked: itself, or a reorder's output inserted before the reader."""
+        if name in channels:
+            return name
+        if name not in blocked_in:
+            blocked_in[name] = ctx.fresh(f"{name}_blocked")
+            _reorder(out, OperatorDef("NCHWToBlocked", (name,), (blocked_in[name],),
+                                      {"block": block}, f"{name}_to_blocked"))
+        return blocked_in[name]
+
+    for i, o in enumerate(ops):
+        if _conv_capable(o, ctx) and may_block(i):
+            ins = list(o.inputs)
+            if len(ins) > 3:   # the residual is summed in the output's layout
+                ins[3] = as_blocked(ins[3])
+            made = o.with_(inputs=tuple(ins), args={**o.args, "blocked": block})
+            channels[o.outputs[0]] = ctx.shape_of(o.inputs[1])[0]
+            out.blocked.append(made.label)
+        elif _conv_capable(o, ctx):   # reads X blocked or not; writes NCHW
+            made = o.with_(inputs=(o.inputs[0], *map(nchw, o.inputs[1:])))
+        elif (_elementwise(o) and all(n in channels for n in o.inputs)
+              and len({channels[n] for n in o.inputs}) == 1):
+            # blocked even when no reader takes it so: one reorder of the result instead of
+            # one per input; a kept (or rewritten) name gets it through a fresh blocked twin
+            name, width = o.outputs[0], channels[o.inputs[0]]
+            twin = name if _holds_one_value(i, name) else ctx.fresh(f"{name}_blocked")
+            made = o if twin == name else o.with_(outputs=(twin,))
+            channels[twin] = width
+            out.blocked.append(made.label)
+            if twin != name:
+                out.ops.append(made)
+                made = OperatorDef("BlockedToNCHW", (twin,), (name,), {"channels": width},
+                                   f"{name}_to_nchw")
+                out.reorders.append(made.label)
+        else:
+            made = o.with_(inputs=tuple(nchw(n) for n in o.inputs)) if any(
+                n in channels for n in o.inputs) else o
+        out.ops.append(made)
+        for name in made.outputs:   # a blocked copy of the name's old value is stale now
+            blocked_in.pop(name, None)
+    return out
+
+
+def _reorder(plan: LayoutPlan, op: OperatorDef) -> None:
+    plan.ops.append(op)
+    plan.reorders.append(op.label)

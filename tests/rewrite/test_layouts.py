@@ -1,0 +1,208 @@
+"""The layout plan (netrun.rewrite.layout): activations kept channel-blocked between
+oneDNN's convolutions, reorders at the boundaries. Each net computes what it computes with
+no plan (float32 rounding: oneDNN sums in its own order); kept values and net outputs stay
+NCHW; in-place names, mixed layouts, padding channels and float64 nets are handled; without
+oneDNN there is no plan."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from netrun.core.workspace import Workspace
+from netrun.kernels import onednn
+from netrun.model import load_model
+from netrun.proto.defs import NetDef, op
+from netrun.rewrite import apply, bind_rewrite, rewrite
+from netrun.rewrite.rule import Context
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared" / "models" / "caffe"
+pytestmark = pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed "
+                                "(pip install 'netrun[onednn]'): there is no layout plan")
+
+
+def _bind(net: NetDef, blobs: dict, fetch, layouts: bool, monkeypatch, keep=()):
+    monkeypatch.setenv("NETRUN_LAYOUTS", "on" if layouts else "off")
+    ws = Workspace("cpu")
+    for name, value in blobs.items():
+        ws.feed_blob(name, value)
+    done = bind_rewrite(net, ws, "inference", keep=keep)
+    ws.create_net(done.net)
+    ws.run_net(done.net.name)
+    return {n: ws.fetch_blob(n) for n in fetch}, done
+
+
+def _both(net, blobs, fetch, monkeypatch, keep=()):
+    want, _ = _bind(net, blobs, fetch, False, monkeypatch, keep)
+    got, done = _bind(net, blobs, fetch, True, monkeypatch, keep)
+    for name in fetch:
+        assert got[name].shape == want[name].shape, name
+        scale = max(np.abs(want[name]).max(), 1.0)
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * scale)
+    return done
+
+
+def _conv(x, w, y, **args):
+    return op("Conv", [x, w], [y], kernel=3, pad=1, no_bias=1, **args)
+
+
+def _weights(rng, shapes: dict) -> dict:
+    return {k: (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32)
+            for k, s in shapes.items()}
+
+
+def test_a_chain_stays_blocked_and_reorders_once(monkeypatch):
+    """conv → relu → conv → (add of both) → relu → an op that knows only NCHW: the convs and
+    the elementwise ops between them blocked, one reorder before the pooling (of the sum,
+    not of each summand); 12 channels fill a block and a half, so the padding channels
+    travel along."""
+    rng = np.random.default_rng(0)
+    blobs = {"X": rng.standard_normal((2, 5, 9, 9)).astype(np.float32),
+             **_weights(rng, {"W1": (12, 5, 3, 3), "W2": (12, 12, 3, 3)})}
+    net = NetDef("chain", [_conv("X", "W1", "a"), op("Relu", ["a"], ["r"]),
+                           _conv("r", "W2", "b"), op("Add", ["b", "r"], ["s"]),
+                           op("Relu", ["s"], ["t"]),
+                           op("MaxPool", ["t"], ["out"], kernel=2, stride=2)],
+                 ["X", "W1", "W2"], ["out"])
+    done = _both(net, blobs, ["out"], monkeypatch)
+    types = [o.type for o in done.net.ops]
+    assert types.count("BlockedToNCHW") == 1 and "NCHWToBlocked" not in types
+    assert types.index("BlockedToNCHW") == types.index("MaxPool") - 1
+    assert all(o.args.get("blocked") == done.net.ops[0].args["blocked"] > 0
+               for o in done.net.ops if o.type == "Conv")
+    assert done.counts()["blocked_layout"] >= 3 and done.counts()["reorder"] == 1
+
+
+def test_kept_values_and_outputs_stay_nchw(monkeypatch):
+    rng = np.random.default_rng(1)
+    blobs = {"X": rng.standard_normal((1, 8, 6, 6)).astype(np.float32),
+             **_weights(rng, {"W1": (8, 8, 3, 3), "W2": (8, 8, 3, 3), "W3": (8, 8, 3, 3)})}
+    net = NetDef("kept", [_conv("X", "W1", "a"), _conv("a", "W2", "b"), _conv("b", "W3", "c")],
+                 ["X", "W1", "W2", "W3"], ["c"])
+    done = _both(net, blobs, ["b", "c"], monkeypatch, keep=["b"])
+    by_output = {o.outputs[0]: o for o in done.net.ops}
+    assert by_output["a"].args.get("blocked")              # read by conv b only
+    assert not by_output["b"].args.get("blocked")          # kept
+    assert not by_output["c"].args.get("blocked")          # the net's output
+
+
+def test_mixed_layouts_in_an_add_and_in_place_names(monkeypatch):
+    """An Add of a blocked conv output and an NCHW pooling output; a name written twice (an
+    in-place Scale) is never blocked."""
+    rng = np.random.default_rng(2)
+    blobs = {"X": rng.standard_normal((2, 8, 8, 8)).astype(np.float32),
+             **_weights(rng, {"W1": (8, 8, 3, 3), "W2": (8, 8, 3, 3), "W3": (8, 8, 3, 3)})}
+    net = NetDef("mixed", [_conv("X", "W1", "a"),
+                           op("MaxPool", ["X"], ["p"], kernel=3, stride=1, pad=1),
+                           op("Add", ["a", "p"], ["s"]),
+                           _conv("s", "W2", "c"), op("Scale", ["c"], ["c"], scale=0.5),
+                           _conv("c", "W3", "out")],
+                 ["X", "W1", "W2", "W3"], ["out"])
+    done = _both(net, blobs, ["out"], monkeypatch)
+    by_output = {o.outputs[0]: o for o in done.net.ops if o.type == "Conv"}
+    assert not by_output["c"].args.get("blocked")
+
+
+def test_residual_sum_in_the_blocked_layout(monkeypatch):
+    """A conv with a residual input S (the fused block end) summing a blocked shortcut."""
+    rng = np.random.default_rng(3)
+    blobs = {"X": rng.standard_normal((3, 16, 7, 7)).astype(np.float32),
+             **_weights(rng, {"W1": (16, 16, 3, 3), "W2": (16, 16, 3, 3), "W3": (16, 16, 3, 3)}),
+             "B2": rng.standard_normal(16).astype(np.float32)}
+    net = NetDef("res", [op("Conv", ["X", "W1"], ["a"], kernel=3, pad=1, no_bias=1, relu=1),
+                         op("Conv", ["a", "W2", "B2", "X"], ["b"], kernel=3, pad=1, relu=1),
+                         op("Conv", ["b", "W3", "B2", "a"], ["c"], kernel=3, pad=1, relu=1),
+                         op("Relu", ["c"], ["out"])],
+                 ["X", "W1", "W2", "B2", "W3"], ["out"])
+    done = _both(net, blobs, ["out"], monkeypatch)
+    b = next(o for o in done.net.ops if o.outputs == ("b",) or list(o.outputs) == ["b"])
+    assert b.args.get("blocked") and b.inputs[3] != "X"   # X reordered in for the sum
+
+
+def test_float64_nets_are_not_planned(monkeypatch):
+    rng = np.random.default_rng(4)
+    blobs = {"X": rng.standard_normal((1, 8, 6, 6)), "W1": rng.standard_normal((8, 8, 3, 3)),
+             "W2": rng.standard_normal((8, 8, 3, 3))}
+    net = NetDef("f64", [_conv("X", "W1", "a"), _conv("a", "W2", "out")], ["X", "W1", "W2"],
+                 ["out"])
+    _, done = _bind(net, blobs, ["out"], True, monkeypatch)
+    assert "blocked_layout" not in done.counts()
+
+
+def test_no_plan_without_onednn_or_when_switched_off(monkeypatch):
+    monkeypatch.setenv("NETRUN_LAYOUTS", "off")
+    assert apply.layout_block("cpu") == 0
+    monkeypatch.setenv("NETRUN_LAYOUTS", "on")
+    assert apply.layout_block("cpu") in (8, 16)
+    assert apply.layout_block("gpu") == 0
+    monkeypatch.setattr(onednn, "available", lambda: False)
+    assert apply.layout_block("cpu") == 0
+
+
+def test_rewrite_without_parameter_types_plans_nothing():
+    net = NetDef("n", [_conv("X", "W1", "a"), _conv("a", "W2", "out")], ["X", "W1", "W2"],
+                 ["out"])
+    done = rewrite(net, "inference", shape_of=lambda n: (8, 8, 3, 3), block=8)
+    assert "blocked_layout" not in done.counts()
+    typed = rewrite(net, "inference", shape_of=lambda n: (8, 8, 3, 3), block=8,
+                    dtype_of=lambda n: "float32")
+    assert typed.counts() == {"blocked_layout": 1}
+    assert isinstance(Context(lambda n: None).dtype_of("x"), type(None))
+
+
+def _random_stats(model, ws):
+    stats = np.random.default_rng(7)
+    for p in model.params:
+        if p.name.endswith(("_rm", "_riv")):
+            c = p.shape[0]
+            value = stats.uniform(0.5, 2, c) if p.name.endswith("_riv") else \
+                stats.standard_normal(c) * 0.1
+            ws.feed_blob(p.name, value.astype(np.float32))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_resnet20_predict_net(monkeypatch, batch):
+    """The zoo's ResNet-20 (fused, then planned): every conv blocked, the output equal."""
+    model = load_model(REPO / "zoo" / "resnet20.yaml")
+    x = np.random.default_rng(6).standard_normal((batch, 3, 32, 32)).astype(np.float32)
+    outs = {}
+    for layouts in (False, True):
+        monkeypatch.setenv("NETRUN_LAYOUTS", "on" if layouts else "off")
+        ws = Workspace("cpu", seed=0)
+        ws.run_net_once(model.init_net)
+        _random_stats(model, ws)
+        ws.feed_blob("data", x)
+        done = bind_rewrite(model.predict_net, ws, "inference", keep=model.outputs)
+        ws.create_net(done.net)
+        ws.run_net(done.net.name)
+        outs[layouts] = ws.fetch_blob(model.outputs[0])
+        if layouts:
+            assert done.counts()["blocked_layout"] == 20   # all but the last conv
+            assert done.counts()["reorder"] == 1           # its residual, for the NCHW sum
+    scale = np.abs(outs[False]).max()
+    np.testing.assert_allclose(outs[True], outs[False], rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("name", ["lenet.prototxt", "cifar10_quick.prototxt"])
+def test_caffe_nets(monkeypatch, name):
+    """Caffe's nets as they are (pooling between the convs: reorders around it)."""
+    path = SHARED / name.split(".")[0] / name
+    if not path.exists():
+        pytest.skip(f"{path} is not beside the checkout")
+    model = load_model(path)
+    data = next(iter(model.inputs))
+    shape = model.input_specs(2)[data].shape
+    x = np.random.default_rng(8).standard_normal(shape).astype(np.float32)
+    outs = {}
+    for layouts in (False, True):
+        monkeypatch.setenv("NETRUN_LAYOUTS", "on" if layouts else "off")
+        ws = Workspace("cpu", seed=0)
+        ws.run_net_once(model.init_net)
+        ws.feed_blob(data, x)
+        done = bind_rewrite(model.predict_net, ws, "inference", keep=model.outputs)
+        ws.create_net(done.net)
+        ws.run_net(done.net.name)
+        outs[layouts] = ws.fetch_blob(done.net.external_outputs[0])
+    np.testing.assert_allclose(outs[True], outs[False], rtol=1e-4, atol=1e-5)
