@@ -148,6 +148,38 @@ def test_every_cpu_algorithm_gives_the_same_bits_on_any_thread_count(name, monke
             assert np.array_equal(a, b), f"{name} {what}: 1 and {threads} threads differ"
 
 
+@pytest.mark.parametrize("problem", [ConvProblem(8, 16, 9, 9, 24, 3, 3, 1, 1, 1, 1, 1, 1),
+                                     ConvProblem(4, 32, 7, 7, 64, 1, 1),
+                                     ConvProblem(1, 8, 12, 12, 16, 3, 3, 2, 2, 1, 1, 1, 1)],
+                         ids=["3x3", "1x1", "strided_batch1"])
+def test_blocked_layout_forward_gives_the_same_bits_on_any_thread_count(problem, monkeypatch):
+    """Blocked arrays (the layout plan's) run one call on an OpenMP team at every batch: a
+    direct kernel's output, with a blocked residual summed by the primitive, must not depend
+    on the team's size."""
+    if not onednn.available():
+        pytest.skip("the oneDNN engine is not installed")
+    from netrun.kernels.onednn.conv import Layout
+    from tests.ops.test_layout_ops import blocked_reference
+
+    p = problem
+    rng = np.random.default_rng(9)
+    x = blocked_reference(rng.standard_normal((p.n, p.c, p.h, p.w)).astype(np.float32), 8)
+    w = rng.standard_normal((p.k, p.c, p.kh, p.kw)).astype(np.float32)
+    b = rng.standard_normal(p.k).astype(np.float32)
+    s = blocked_reference(rng.standard_normal((p.n, p.k, p.oh, p.ow)).astype(np.float32), 8)
+    algo = algorithms("cpu")["onednn"]
+    results = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(parallel, "thread_count", lambda: threads)
+        y = np.full(s.shape, np.nan, np.float32)
+        algo.forward(np, x, w, p, y, netrun.Workspace().scratch, bias=b, relu=True,
+                     residual=s, layout=Layout(8, 8))
+        assert not np.isnan(y).any()
+        results.append(y)
+    for threads, y in zip((2, 3), results[1:]):
+        assert np.array_equal(results[0], y), f"1 and {threads} threads differ"
+
+
 def test_fc_op_gives_the_same_bits_on_any_thread_count(monkeypatch):
     from tests.opcheck import netrun_forward_backward
 

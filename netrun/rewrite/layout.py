@@ -95,7 +95,19 @@ def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
                                       {"block": block}, f"{name}_to_blocked"))
         return blocked_in[name]
 
+    # NCHW values that several blocked-capable convs read (with ≥ B channels, which oneDNN
+    # would reorder in each of them): reordered once, before the first
+    shared = {}
     for i, o in enumerate(ops):
+        if capable[i] and o.type == "Conv" and ctx.shape_of(o.inputs[1])[1] >= block:
+            value = g.producers.get((i, 0), o.inputs[0])
+            shared[value] = shared.get(value, 0) + 1
+
+    for i, o in enumerate(ops):
+        x = o.inputs[0] if o.inputs else None
+        if (_conv_capable(o, ctx) and x not in channels
+                and shared.get(g.producers.get((i, 0), x), 0) > 1):
+            o = o.with_(inputs=(as_blocked(x), *o.inputs[1:]))
         if _conv_capable(o, ctx) and may_block(i):
             ins = list(o.inputs)
             if len(ins) > 3:   # the residual is summed in the output's layout

@@ -121,6 +121,24 @@ def test_residual_sum_in_the_blocked_layout(monkeypatch):
     assert b.args.get("blocked") and b.inputs[3] != "X"   # X reordered in for the sum
 
 
+def test_an_nchw_value_two_convs_read_is_reordered_once(monkeypatch):
+    """ResNet-50's stem: a pooling output read by a block's first conv and its projection."""
+    rng = np.random.default_rng(5)
+    blobs = {"X": rng.standard_normal((2, 16, 8, 8)).astype(np.float32),
+             **_weights(rng, {"W1": (16, 16, 3, 3), "W2": (16, 16, 3, 3), "W3": (16, 16, 3, 3)}),
+             "B": rng.standard_normal(16).astype(np.float32)}
+    net = NetDef("stem", [op("MaxPool", ["X"], ["p"], kernel=2, stride=2),
+                          _conv("p", "W1", "a", relu=1), _conv("a", "W2", "b"),
+                          op("Conv", ["p", "W3", "B"], ["c"], kernel=3, pad=1),
+                          op("Add", ["b", "c"], ["s"]), op("Relu", ["s"], ["out"])],
+                 ["X", "W1", "W2", "W3", "B"], ["out"])
+    done = _both(net, blobs, ["out"], monkeypatch)
+    to_blocked = [o for o in done.net.ops if o.type == "NCHWToBlocked"]
+    assert len(to_blocked) == 1 and to_blocked[0].inputs[0] == "p"
+    readers = [o for o in done.net.ops if to_blocked[0].outputs[0] in o.inputs]
+    assert [o.type for o in readers] == ["Conv", "Conv"]
+
+
 def test_float64_nets_are_not_planned(monkeypatch):
     rng = np.random.default_rng(4)
     blobs = {"X": rng.standard_normal((1, 8, 6, 6)), "W1": rng.standard_normal((8, 8, 3, 3)),

@@ -21,7 +21,10 @@ checks 1, 2 and 3). Handing chunks to netrun's workers costs ~50 µs, more than 
 of a small net at batch 1; an OpenMP team's threads spin between calls, so starting it again
 costs a few µs. Only at batch 1, though: while they spin they take the cores that netrun's
 workers need for the chunked ops between the convolutions of a bigger batch (ResNet-20 at
-batch 4: 11% slower with teams, 12% faster at batch 1; benchmarks/README.md).
+batch 4: 11% slower with teams, 12% faster at batch 1; benchmarks/README.md). Convolutions on
+arrays that the layout plan keeps blocked (netrun.rewrite.layout) are the exception at any
+batch: little else runs between them, and oneDNN's own split of a whole batch beat netrun's
+chunks by 9% on ResNet-20 at batch 128 and ResNet-50 at batch 8.
 """
 from __future__ import annotations
 
@@ -112,19 +115,18 @@ class OneDNNConv(ConvAlgorithm):
         y = _writable(out, scratch, "onednn.y")
         layout, post_relu = _forward_layout(p, layout, bias is not None, relu,
                                             residual is not None)
-        if layout.add_dst:   # blocked like y: the primitive adds it (a sum post-op)
-            after = _Preload(_c(residual))
+        if layout.add_dst:   # blocked like y: the primitive adds it (a post-op)
+            after, extra = None, {"post_op0_src1": _c(residual)}
         else:   # summed on the way out of oneDNN's layout, before the ReLU
+            extra = {}
             after = None if residual is None else _Residual(_c(residual), relu, layout.y_block)
 
         team = _team(p, bias is not None, post_relu, layout)
         if team is not None:
             kept = _kept(team, w, filters)
-            if after is not None:
-                after.start(y, 0, p.n)
             blocked = engine.run(team, team.threads, scratch, kept and {"weights": kept},
                                  after and after.blocked, src=x, weights=None if kept else w,
-                                 bias=bias, dst=y)
+                                 bias=bias, dst=y, **extra)
             if after is not None:
                 after.finish(blocked, y, 0, p.n)
         else:
@@ -133,11 +135,10 @@ class OneDNNConv(ConvAlgorithm):
             def work(index, n0, n1):
                 d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, post_relu,
                                 layout=layout)
-                if after is not None:
-                    after.start(y, n0, n1)
                 blocked = engine.run(d, 1, parallel.chunk_scratch(scratch, index),
                                      staged.staged(d), after and after.blocked, src=x[n0:n1],
-                                     bias=bias, dst=y[n0:n1])
+                                     bias=bias, dst=y[n0:n1],
+                                     **{k: v[n0:n1] for k, v in extra.items()})
                 if after is not None:
                     after.finish(blocked, y, n0, n1)
 
@@ -219,9 +220,9 @@ def _filter_chunk(d, s, index: int, x, dy, dw, dbias, staged: dict):
 def _forward_layout(p: ConvProblem, layout: engine.Layout, bias: bool, relu: bool,
                     residual: bool) -> tuple[engine.Layout, bool]:
     """(the plan's layout, whether its ReLU is a post-op) of a forward pass. A residual with
-    a blocked output is preloaded into it and summed by the primitive, which then applies
-    the ReLU too, unless oneDNN would not write that layout itself; without a blocked
-    output the sum (and so the ReLU) comes after the primitive."""
+    a blocked output is summed by the primitive (a binary post-op), which then applies the
+    ReLU too, unless oneDNN would not write that layout itself; without a blocked output the
+    sum (and so the ReLU) comes after the primitive."""
     if not residual:
         return layout, relu
     if layout.y_block:
@@ -234,10 +235,10 @@ def _forward_layout(p: ConvProblem, layout: engine.Layout, bias: bool, relu: boo
 
 def _team(p: ConvProblem, bias: bool, relu: bool,
           layout: engine.Layout = engine.NCHW) -> engine.Direction | None:
-    """The forward plan for one call on an OpenMP team of netrun's thread count, when p is
-    one image and oneDNN runs it on a direct JIT kernel (see the module doc); None: run it
-    as chunks. Nested in a chunk: a team of one."""
-    if p.n > 1:   # mixing OpenMP teams with netrun's chunked ops between them costs more
+    """The forward plan for one call on an OpenMP team of netrun's thread count, when oneDNN
+    runs p on a direct JIT kernel and p is one image or its arrays are blocked (see the
+    module doc); None: run it as chunks. Nested in a chunk: a team of one."""
+    if p.n > 1 and not (layout.x_block or layout.y_block):
         return None
     threads = 1 if parallel.in_chunk() else parallel.thread_count()
     d = engine.plan(spec(p), "forward", threads, bias, relu, layout=layout)
@@ -295,23 +296,6 @@ class _Filters:
             return {"weights": ready}
 
 
-class _Preload:
-    """A residual in the output's own blocked layout, copied into the output for the
-    primitive's sum post-op to add."""
-
-    blocked = None   # the primitive writes the output itself
-
-    def __init__(self, residual):
-        self.residual = residual
-
-    def start(self, y, n0: int, n1: int) -> None:
-        """Images n0:n1 of y hold the residual before the primitive runs."""
-        np.copyto(y[n0:n1], self.residual[n0:n1])
-
-    def finish(self, blocked, y, n0: int, n1: int) -> None:
-        """Nothing left: the primitive summed it."""
-
-
 class _Residual:
     """A residual summed into the forward output, then its ReLU when asked: straight out of
     oneDNN's blocked output into NCHW in one compiled pass (netrun.kernels.jit.blocked),
@@ -321,9 +305,6 @@ class _Residual:
         self.residual, self.relu = residual, relu
         # a blocked output is never handed back still in oneDNN's own layout
         self.blocked = None if y_block else "dst"
-
-    def start(self, y, n0: int, n1: int) -> None:
-        """Nothing before the primitive runs."""
 
     def finish(self, blocked, y, n0: int, n1: int) -> None:
         """Images n0:n1 of y (already written unless `blocked` holds them) get the sum."""

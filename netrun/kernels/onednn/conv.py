@@ -61,8 +61,8 @@ class ConvSpec:
 class Layout:
     """How netrun holds a forward pass's arrays: x_block / y_block, the channel block of the
     input / output in aBcd{B}b (N × ⌈C/B⌉ × H × W × B, channels zero-padded to whole
-    blocks; 0: NCHW); add_dst: the output is preloaded with a residual that the primitive
-    adds (a sum post-op, before the ReLU)."""
+    blocks; 0: NCHW); add_dst: a residual in the output's layout is added to the output
+    by the primitive (a binary post-op, before the ReLU; the argument post_op0_src1)."""
 
     x_block: int = 0
     y_block: int = 0
@@ -87,7 +87,7 @@ class Direction:
         self.reorders = {}    # argument -> the reorder between user and chosen layouts
         for arg, user_md in user.items():
             # bias vectors are plain (K,) arrays in every layout oneDNN uses
-            chosen = None if "bias" in arg else prim.md(f"{arg}_md")
+            chosen = None if "bias" in arg or arg in _POST_OP_ARGS else prim.md(f"{arg}_md")
             if chosen is None or chosen == user_md:
                 self.chosen[arg] = user_md
                 continue
@@ -166,6 +166,7 @@ class Direction:
 
 
 _OUTPUTS = ("dst", "diff_src", "diff_weights")
+_POST_OP_ARGS = ("post_op0_src1",)   # tensors of post-ops: in the user's layout as given
 
 
 @dataclass(frozen=True, eq=False)
@@ -237,9 +238,10 @@ def _geometry(s: ConvSpec) -> tuple:
 def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bool,
                 layout: Layout = NCHW):
     mds = _any_mds(lib, s, plain, layout)
-    if layout.add_dst:   # the summed destination must be the array netrun preloaded
-        mds = {**mds, "dst": _user_mds(lib, s, layout)["dst"]}
-    attr = api.Attr(lib, relu=relu, add_dst=layout.add_dst)
+    add = None
+    if layout.add_dst:   # the residual has the destination's shape and netrun's layout
+        add = _user_mds(lib, s, layout)["dst"]
+    attr = api.Attr(lib, relu=relu, add=add)
     pd = api.create_pd(
         lib, "dnnl_convolution_forward_primitive_desc_create", lib.engine,
         lib.enums.prop["forward_training"], lib.enums.alg["convolution_direct"],
@@ -263,8 +265,10 @@ def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
         return None
     if direction == "forward":
         prim = Primitive(lib, hint, "convolution forward")
-        return Direction(lib, prim, {a: user[a] for a in ("src", "weights", "dst", "bias")},
-                         count, (s.n, s.k, s.oh, s.ow))
+        args = {a: user[a] for a in ("src", "weights", "dst", "bias")}
+        if layout.add_dst:
+            args["post_op0_src1"] = user["dst"]
+        return Direction(lib, prim, args, count, (s.n, s.k, s.oh, s.ow))
     mds = _any_mds(lib, s, plain)
     attr = api.Attr(lib)
     try:
