@@ -150,8 +150,9 @@ def test_every_cpu_algorithm_gives_the_same_bits_on_any_thread_count(name, monke
 
 @pytest.mark.parametrize("problem", [ConvProblem(8, 16, 9, 9, 24, 3, 3, 1, 1, 1, 1, 1, 1),
                                      ConvProblem(4, 32, 7, 7, 64, 1, 1),
-                                     ConvProblem(1, 8, 12, 12, 16, 3, 3, 2, 2, 1, 1, 1, 1)],
-                         ids=["3x3", "1x1", "strided_batch1"])
+                                     ConvProblem(1, 8, 12, 12, 16, 3, 3, 2, 2, 1, 1, 1, 1),
+                                     ConvProblem(3, 128, 7, 7, 136, 3, 3, 1, 1, 1, 1, 1, 1)],
+                         ids=["3x3", "1x1", "strided_batch1", "brgemm_3x3"])
 def test_blocked_layout_forward_gives_the_same_bits_on_any_thread_count(problem, monkeypatch):
     """Blocked arrays (the layout plan's) run one call on an OpenMP team at every batch: a
     direct kernel's output, with a blocked residual summed by the primitive, must not depend
@@ -168,16 +169,17 @@ def test_blocked_layout_forward_gives_the_same_bits_on_any_thread_count(problem,
     b = rng.standard_normal(p.k).astype(np.float32)
     s = blocked_reference(rng.standard_normal((p.n, p.k, p.oh, p.ow)).astype(np.float32), 8)
     algo = algorithms("cpu")["onednn"]
-    results = []
-    for threads in (1, 2, 3):
-        monkeypatch.setattr(parallel, "thread_count", lambda: threads)
-        y = np.full(s.shape, np.nan, np.float32)
-        algo.forward(np, x, w, p, y, netrun.Workspace().scratch, bias=b, relu=True,
-                     residual=s, layout=Layout(8, 8))
-        assert not np.isnan(y).any()
-        results.append(y)
-    for threads, y in zip((2, 3), results[1:]):
-        assert np.array_equal(results[0], y), f"1 and {threads} threads differ"
+    for residual in (None, s):   # without one, 128+ channels run oneDNN's BRGEMM kernels
+        results = []
+        for threads in (1, 2, 3):
+            monkeypatch.setattr(parallel, "thread_count", lambda: threads)
+            y = np.full(s.shape, np.nan, np.float32)
+            algo.forward(np, x, w, p, y, netrun.Workspace().scratch, bias=b, relu=True,
+                         residual=residual, layout=Layout(8, 8))
+            assert not np.isnan(y).any()
+            results.append(y)
+        for threads, y in zip((2, 3), results[1:]):
+            assert np.array_equal(results[0], y), f"1 and {threads} threads differ"
 
 
 def test_fc_op_gives_the_same_bits_on_any_thread_count(monkeypatch):

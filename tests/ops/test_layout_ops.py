@@ -75,7 +75,8 @@ def _conv_case(rng, n, c, k, size, kernel, stride, pad):
 
 # batch 1 runs as one call on an OpenMP team, bigger batches in netrun's fixed chunks
 CONV_CASES = [(1, 16, 16, 8, 3, 1, 1), (1, 3, 20, 9, 3, 2, 1), (6, 12, 24, 15, 3, 1, 1),
-              (8, 32, 64, 14, 1, 1, 0), (4, 24, 8, 9, 1, 2, 0)]
+              (8, 32, 64, 14, 1, 1, 0), (4, 24, 8, 9, 1, 2, 0),
+              (2, 128, 136, 7, 3, 1, 1)]   # 128+ channels, 3×3: oneDNN's BRGEMM kernels
 
 
 @needs_onednn
