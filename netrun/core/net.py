@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Callable
 from netrun.core.activations import POISON
 from netrun.core.operator import Operator
 from netrun.errors import NetrunError, SchemaError, UnknownOpError
+from netrun.kernels import parallel
 from netrun.proto.defs import NetDef
 
 if TYPE_CHECKING:
@@ -38,26 +39,30 @@ class SimpleNet:
         # Each op starts a new scratch lifetime: ops share one scratch arena in turn.
         memory = self.ws.memory
         try:
-            if memory.debug:
-                for i, o in enumerate(self.ops):
-                    memory.begin_op(o)
-                    o.run()
-                    # Values whose lifetime ends here are poisoned: a later reader fails.
-                    for region in o.poison:
-                        region[...] = POISON
-                    if hook is not None:
-                        hook(i, o)
-            elif hook is None:
-                for o in self.ops:
-                    memory.begin_op(o)
-                    o.run()
-            else:
-                for i, o in enumerate(self.ops):
-                    memory.begin_op(o)
-                    o.run()
-                    hook(i, o)
+            with parallel.steady_thread_count():   # the environment read once per run
+                self._run_ops(memory, hook)
         finally:
             memory.end_run()
+
+    def _run_ops(self, memory, hook) -> None:
+        if memory.debug:
+            for i, o in enumerate(self.ops):
+                memory.begin_op(o)
+                o.run()
+                # Values whose lifetime ends here are poisoned: a later reader fails.
+                for region in o.poison:
+                    region[...] = POISON
+                if hook is not None:
+                    hook(i, o)
+        elif hook is None:
+            for o in self.ops:
+                memory.begin_op(o)
+                o.run()
+        else:
+            for i, o in enumerate(self.ops):
+                memory.begin_op(o)
+                o.run()
+                hook(i, o)
 
 
 def type_of(problems: list[str]) -> type[NetrunError]:

@@ -98,8 +98,8 @@ class OneDNNConv(ConvAlgorithm):
             return
         name = {"backward_filter": "backward_weights"}.get(direction, direction)
         if direction == "forward":
-            layout, relu = _forward_layout(p, layout, bias, relu, residual)
-            if _team(p, bias, relu, layout) is not None:
+            layout, relu, team = _resolve(p, bias, relu, residual, layout)
+            if team is not None:
                 return
         parts = [replace(p, n=n1 - n0) for n0, n1 in _batch_spans(p)]
         for part in {q: None for q in parts}:   # each chunk size once, in order
@@ -113,15 +113,14 @@ class OneDNNConv(ConvAlgorithm):
         x, w = _c(x), _c(w)
         bias = None if bias is None else _c(bias)
         y = _writable(out, scratch, "onednn.y")
-        layout, post_relu = _forward_layout(p, layout, bias is not None, relu,
-                                            residual is not None)
+        layout, post_relu, team = _resolve(p, bias is not None, relu, residual is not None,
+                                           layout)
         if layout.add_dst:   # blocked like y: the primitive adds it (a post-op)
             after, extra = None, {"post_op0_src1": _c(residual)}
         else:   # summed on the way out of oneDNN's layout, before the ReLU
             extra = {}
             after = None if residual is None else _Residual(_c(residual), relu, layout.y_block)
 
-        team = _team(p, bias is not None, post_relu, layout)
         if team is not None:
             kept = _kept(team, w, filters)
             blocked = engine.run(team, team.threads, scratch, kept and {"weights": kept},
@@ -217,6 +216,25 @@ def _filter_chunk(d, s, index: int, x, dy, dw, dbias, staged: dict):
     return commit
 
 
+# (problem, bias, ReLU, residual, layout, threads) -> what `forward` runs: the plan's layout,
+# whether the ReLU is its post-op, and the team plan or None. Worked out once per key (a call
+# at batch 1 costs little more than this), immutable, shared like the engine's plan memo.
+_RESOLVED: dict[tuple, tuple] = {}
+
+
+def _resolve(p: ConvProblem, bias: bool, relu: bool, residual: bool,
+             layout: engine.Layout) -> tuple[engine.Layout, bool, engine.Direction | None]:
+    """(layout, post_relu, team) of a forward pass (`_forward_layout`, `_team`), memoized."""
+    threads = 1 if parallel.in_chunk() else parallel.thread_count()
+    key = (p, bias, relu, residual, layout, threads)
+    found = _RESOLVED.get(key)
+    if found is None:
+        planned, post_relu = _forward_layout(p, layout, bias, relu, residual)
+        found = _RESOLVED[key] = (planned, post_relu,
+                                  _team(p, bias, post_relu, planned, threads))
+    return found
+
+
 def _forward_layout(p: ConvProblem, layout: engine.Layout, bias: bool, relu: bool,
                     residual: bool) -> tuple[engine.Layout, bool]:
     """(the plan's layout, whether its ReLU is a post-op) of a forward pass. A residual with
@@ -233,14 +251,15 @@ def _forward_layout(p: ConvProblem, layout: engine.Layout, bias: bool, relu: boo
     return layout, False
 
 
-def _team(p: ConvProblem, bias: bool, relu: bool,
-          layout: engine.Layout = engine.NCHW) -> engine.Direction | None:
-    """The forward plan for one call on an OpenMP team of netrun's thread count, when oneDNN
-    runs p on a direct JIT kernel and p is one image or its arrays are blocked (see the
-    module doc); None: run it as chunks. Nested in a chunk: a team of one."""
+def _team(p: ConvProblem, bias: bool, relu: bool, layout: engine.Layout = engine.NCHW,
+          threads: int | None = None) -> engine.Direction | None:
+    """The forward plan for one call on an OpenMP team of `threads` (netrun's thread count;
+    in a chunk, one), when oneDNN runs p on a direct JIT kernel and p is one image or its
+    arrays are blocked (see the module doc); None: run it as chunks."""
     if p.n > 1 and not (layout.x_block or layout.y_block):
         return None
-    threads = 1 if parallel.in_chunk() else parallel.thread_count()
+    if threads is None:
+        threads = 1 if parallel.in_chunk() else parallel.thread_count()
     d = engine.plan(spec(p), "forward", threads, bias, relu, layout=layout)
     if d is None or not d.prim.impl.startswith(TEAM_KERNELS):
         return None
