@@ -5,9 +5,11 @@ Predictor, `profile`, the trainer) rewrite it first unless told not to (`--no-fu
 `fuse: false`). Inference rules fold test-mode normalization into convolutions and fuse
 ReLUs; training rules fuse forward ops whose gradients the registry knows, before the
 backward pass is built. Every rule is a small named unit (rule.py) and reports when it fired.
+After the inference rules, on a CPU with oneDNN, the layout plan (layout.py) keeps
+activations in oneDNN's channel-blocked layout between convolutions.
 """
-from netrun.rewrite.apply import (MODES, RULES, Fired, Rewritten, bind_rewrite, rewrite,
-                                  rules, with_train_net)
+from netrun.rewrite.apply import (MODES, RULES, Fired, Rewritten, bind_rewrite, layout_block,
+                                  rewrite, rules, with_train_net)
 
-__all__ = ["MODES", "RULES", "Fired", "Rewritten", "bind_rewrite", "rewrite", "rules",
-           "with_train_net"]
+__all__ = ["MODES", "RULES", "Fired", "Rewritten", "bind_rewrite", "layout_block", "rewrite",
+           "rules", "with_train_net"]

@@ -130,6 +130,21 @@ def test_inspect_shows_the_rewritten_net_and_no_fuse_turns_it_off():
     assert "# predict net (rewritten)" in nets and 'name: "relu"' in nets
 
 
+def test_inspect_shows_the_layout_plan(monkeypatch):
+    """With oneDNN, the rewritten predict net is the one bound on this CPU: blocked convs
+    (5-D shapes) and the reorder before the pooling; NETRUN_LAYOUTS=off shows none."""
+    from netrun.kernels import onednn
+
+    if not onednn.available():
+        pytest.skip("oneDNN is not installed: there is no layout plan")
+    planned = _run("inspect", RESNET20, "--rewritten")
+    assert "blocked_layout:" in planned and "BlockedToNCHW" in planned
+    assert "1×2×32×32×8" in planned or "1×1×32×32×16" in planned
+    monkeypatch.setenv("NETRUN_LAYOUTS", "off")
+    unplanned = _run("inspect", RESNET20, "--rewritten")
+    assert "blocked_layout" not in unplanned and "BlockedToNCHW" not in unplanned
+
+
 def test_profile_and_no_fuse(tmp_path):
     args = ("profile", RESNET20, "--forward-only", "--batch", "2", "--iters", "1",
             "--warmup", "0")
