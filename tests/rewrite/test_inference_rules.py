@@ -13,6 +13,7 @@ from netrun.core.workspace import Workspace
 from netrun.model import load_model
 from netrun.proto.defs import NetDef, op
 from netrun.rewrite import bind_rewrite, rewrite
+from tests.rewrite.stats import feed_random_running_stats
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -196,13 +197,7 @@ def test_resnet20_predict_net(monkeypatch):
     for fuse in (False, True):
         ws = Workspace("cpu", seed=0)
         ws.run_net_once(model.init_net)
-        stats = np.random.default_rng(7)
-        for p in model.params:
-            if p.name.endswith(("_rm", "_riv")):
-                c = p.shape[0]
-                value = stats.uniform(0.5, 2, c) if p.name.endswith("_riv") else \
-                    stats.standard_normal(c) * 0.1
-                ws.feed_blob(p.name, value.astype(np.float32))
+        feed_random_running_stats(model, ws)
         ws.feed_blob("data", x)
         done = bind_rewrite(model.predict_net, ws, "inference", keep=model.outputs, enabled=fuse)
         ws.create_net(done.net)

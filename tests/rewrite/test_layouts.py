@@ -16,6 +16,7 @@ from netrun.model import load_model
 from netrun.proto.defs import NetDef, op
 from netrun.rewrite import apply, bind_rewrite, rewrite
 from netrun.rewrite.rule import Context
+from tests.rewrite.stats import feed_random_running_stats
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "models" / "caffe"
@@ -170,16 +171,6 @@ def test_rewrite_without_parameter_types_plans_nothing():
     assert isinstance(Context(lambda n: None).dtype_of("x"), type(None))
 
 
-def _random_stats(model, ws):
-    stats = np.random.default_rng(7)
-    for p in model.params:
-        if p.name.endswith(("_rm", "_riv")):
-            c = p.shape[0]
-            value = stats.uniform(0.5, 2, c) if p.name.endswith("_riv") else \
-                stats.standard_normal(c) * 0.1
-            ws.feed_blob(p.name, value.astype(np.float32))
-
-
 @pytest.mark.parametrize("batch", [1, 3])
 def test_resnet20_predict_net(monkeypatch, batch):
     """The zoo's ResNet-20 (fused, then planned): every conv blocked, the output equal."""
@@ -190,7 +181,7 @@ def test_resnet20_predict_net(monkeypatch, batch):
         monkeypatch.setenv("NETRUN_LAYOUTS", "on" if layouts else "off")
         ws = Workspace("cpu", seed=0)
         ws.run_net_once(model.init_net)
-        _random_stats(model, ws)
+        feed_random_running_stats(model, ws)
         ws.feed_blob("data", x)
         done = bind_rewrite(model.predict_net, ws, "inference", keep=model.outputs)
         ws.create_net(done.net)
