@@ -54,3 +54,15 @@ def to_nchw(xp: Any, x, out) -> None:
         return
     full = x.transpose(0, 1, 4, 2, 3).reshape(n, blocks * block, h, w)
     out[...] = full[:, :c]
+
+
+def global_pool(xp: Any, x, out, average: bool) -> None:
+    """out (N × ⌈C/B⌉ × 1 × 1 × B) = the mean (average) or maximum of blocked x over its
+    pixels; the padding channels stay 0."""
+    n, blocks, h, w, block = x.shape
+    if _compiled(xp, x, out):
+        xs, os_ = x.reshape(n, blocks, h * w, block), out.reshape(n, blocks, block)
+        _images(xp, n, x[0].nbytes, lambda n0, n1: jit_blocked.global_pool(
+            xs[n0:n1], os_[n0:n1], average))
+        return
+    (xp.mean if average else xp.max)(x, axis=(2, 3), keepdims=True, out=out)

@@ -7,10 +7,11 @@ input (`Like`), since a gradient maker sees no shapes."""
 from __future__ import annotations
 
 from netrun.core.gradient import register_gradient
-from netrun.core.registry import register_kernel
+from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import ShapeError
-from netrun.kernels import layout
+from netrun.kernels import jit, layout
+from netrun.kernels.jit import blocked as jit_blocked
 from netrun.ops.common import fmt
 
 
@@ -91,3 +92,10 @@ def blocked_to_nchw(ctx, X, Like=None):
 @register_gradient("BlockedToNCHW")
 def _to_nchw_grad(g):
     return [g.op("NCHWToBlocked", [g.GO(0), g.I(0)], [g.GI(0)])]
+
+
+@register_preparer("NCHWToBlocked", "BlockedToNCHW")
+def _prepare(ctx) -> None:
+    """Load the compiled reorders at bind time (not in the first iteration)."""
+    if jit.enabled(ctx.xp):
+        jit_blocked.prepare()

@@ -18,7 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 import netrun.kernels.jit as jit
+import netrun.kernels.jit.blocked as jit_blocked
 import netrun.kernels.jit.pool as jit_pool
+import netrun.kernels.layout as layouts
 import netrun.kernels.parallel as parallel
 import netrun.kernels.tiled_pool as tiled_pool
 import netrun.kernels.windows as windows
@@ -86,8 +88,23 @@ def pooled_shape(args: Args, shape, oh: int, ow: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _blocked_global(args: Args, x: TensorSpec) -> TensorSpec | None:
+    """Y's spec for a channel-blocked X (N×⌈C/B⌉×H×W×B, the layout plan's), which only
+    global pooling takes: N×⌈C/B⌉×1×1×B; None for a 4-D X."""
+    if len(x.shape) != 5:
+        return None
+    if not args.global_pooling or args.order != "NCHW":
+        raise ShapeError(f"a channel-blocked X {x} is pooled only with global_pooling=1 "
+                         f"(order NCHW)")
+    n, blocks, _, _, block = x.shape
+    return TensorSpec((n, blocks, 1, 1, block), x.dtype)
+
+
 def _shape_fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
     x = ins[0]
+    blocked = _blocked_global(args, x)
+    if blocked is not None:
+        return [blocked]
     _, _, oh, ow = _geometry(args, x.shape, f"X {x}")
     return [TensorSpec(pooled_shape(args, x.shape, oh, ow), x.dtype)]
 
@@ -97,6 +114,10 @@ def _cost_fn(extra_per_output: int):
 
     def fn(args: Args, ins: list[TensorSpec], outs: list[TensorSpec]) -> Cost:
         x = ins[0]
+        if len(x.shape) == 5:   # global pooling of a channel-blocked X
+            n, blocks, h, w, block = x.shape
+            return Cost(n * blocks * block * (h * w + extra_per_output), x.nbytes,
+                        sum(o.nbytes for o in outs))
         g, _, oh, ow = _geometry(args, x.shape, f"X {x}")
         pooled = pooled_shape(args, x.shape, oh, ow)
         count = pooled[0] * pooled[1] * pooled[2] * pooled[3]
@@ -207,9 +228,12 @@ def _window_args(g: ConvGeometry) -> tuple[int, ...]:
 
 @register_preparer("MaxPool", "MaxPoolGradient", "AveragePool", "AveragePoolGradient")
 def _prepare(ctx) -> None:
-    """Load the op's compiled float32 kernel at bind time (not in the first iteration)."""
+    """Load the op's compiled float32 kernel at bind time (not in the first iteration), and
+    for global pooling the one it runs on channel-blocked arrays."""
     if _compiled(ctx):
         jit_pool.prepare(ctx.def_.type)
+    if ctx.args.global_pooling and jit.enabled(ctx.xp):
+        jit_blocked.prepare()
 
 
 # MaxPool ----------------------------------------------------------------------------------
@@ -221,9 +245,21 @@ _register("MaxPool", _POOL_ARGS, 0,
                    "again from X and Y (nothing is stored by the forward pass).")
 
 
+def _pool_blocked(ctx, X, average: bool) -> bool:
+    """Global pooling of a channel-blocked X into a blocked Y (the padding channels stay 0):
+    one reduction over its pixels. False: X is not blocked."""
+    spec = _blocked_global(ctx.args, TensorSpec(tuple(X.shape), str(X.dtype)))
+    if spec is None:
+        return False
+    layouts.global_pool(ctx.xp, X, ctx.output(0, spec.shape, X.dtype), average)
+    return True
+
+
 @register_kernel("MaxPool")
 def max_pool(ctx, X):
     """Y = the running maximum over the window taps of X padded with -inf."""
+    if _pool_blocked(ctx, X, average=False):
+        return
     g, oh, ow, _ = pool_setup(ctx, X)
     Y = ctx.output(0, pooled_shape(ctx.args, X.shape, oh, ow), X.dtype)
     if _compiled(ctx, X):      # before tiled_pool: faster on LeNet's 2×2 s2 too (measured)
@@ -336,6 +372,8 @@ _register("AveragePool", _AVG_ARGS, 1,
 @register_kernel("AveragePool")
 def average_pool(ctx, X):
     """Y = the sum over the window taps of X padded with 0, divided by Caffe's window size."""
+    if _pool_blocked(ctx, X, average=True):
+        return
     g, oh, ow, divisor = pool_setup(ctx, X)
     Y = ctx.output(0, pooled_shape(ctx.args, X.shape, oh, ow), X.dtype)
     if _compiled(ctx, X):

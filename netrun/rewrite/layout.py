@@ -13,8 +13,9 @@ float32 filters, no other fixed algorithm) when at least one reader can take it 
 value is not one the caller keeps, and its name is written once in the net (no in-place
 reuse that would make one name hold two layouts); and the output of an elementwise op whose
 inputs are all blocked (Relu, AddRelu, a plain Add, Sum: the same arithmetic in any layout,
-as the padding channels stay 0), which then reorders its one result where needed rather
-than each of its inputs. Every kept value and net output stays NCHW.
+as the padding channels stay 0; and global pooling, which keeps the channel blocks), which
+then reorders its one result where needed rather than each of its inputs. Every kept value
+and net output stays NCHW.
 """
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ def _conv_capable(o: OperatorDef, ctx: Context) -> bool:
 
 
 def _elementwise(o: OperatorDef) -> bool:
+    """Whether o computes the same on blocked arrays: elementwise ops, and global pooling
+    (its reduction over the spatial axes keeps the channel blocks)."""
+    if o.type in ("MaxPool", "AveragePool"):
+        return (int(o.args.get("global_pooling", 0)) == 1 and len(o.outputs) == 1
+                and o.args.get("order", "NCHW") == "NCHW")
     if o.type not in ELEMENTWISE or not o.inputs or len(o.outputs) != 1:
         return False
     return o.type != "Add" or (len(o.inputs) == 2 and not int(o.args.get("broadcast", 0)))

@@ -119,3 +119,17 @@ def test_blocked_conv_shape_errors():
     with pytest.raises(ShapeError, match="group 1"):
         run_op(netrun.op("Conv", ["X", "W"], ["Y"], blocked=8, group=2, **args),
                {"X": np.zeros((1, 12, 6, 6), np.float32), "W": w[:, :6]})
+
+
+@pytest.mark.parametrize("type_", ["MaxPool", "AveragePool"])
+def test_global_pooling_of_blocked_arrays(type_):
+    """The layout plan's global pooling: a blocked X pools into a blocked N×⌈C/B⌉×1×1×B
+    (the padding channels stay 0); other pooling refuses a blocked X."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 12, 5, 6)).astype(np.float32)
+    (want,) = run_op(netrun.op(type_, ["X"], ["Y"], global_pooling=1), {"X": x})
+    (got,) = run_op(netrun.op(type_, ["X"], ["Y"], global_pooling=1),
+                    {"X": blocked_reference(x, 8)})
+    np.testing.assert_allclose(got, blocked_reference(want, 8), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ShapeError, match="global_pooling=1"):
+        run_op(netrun.op(type_, ["X"], ["Y"], kernel=2), {"X": blocked_reference(x, 8)})

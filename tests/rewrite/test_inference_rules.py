@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import netrun
 from netrun.core.workspace import Workspace
 from netrun.model import load_model
 from netrun.proto.defs import NetDef, op

@@ -173,7 +173,8 @@ def test_rewrite_without_parameter_types_plans_nothing():
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_resnet20_predict_net(monkeypatch, batch):
-    """The zoo's ResNet-20 (fused, then planned): every conv blocked, the output equal."""
+    """The zoo's ResNet-20 (fused, then planned): blocked up to the pooled features, the
+    output equal."""
     model = load_model(REPO / "zoo" / "resnet20.yaml")
     x = np.random.default_rng(6).standard_normal((batch, 3, 32, 32)).astype(np.float32)
     outs = {}
@@ -188,8 +189,12 @@ def test_resnet20_predict_net(monkeypatch, batch):
         ws.run_net(done.net.name)
         outs[layouts] = ws.fetch_blob(model.outputs[0])
         if layouts:
-            assert done.counts()["blocked_layout"] == 20   # all but the last conv
-            assert done.counts()["reorder"] == 1           # its residual, for the NCHW sum
+            # every conv and the global pooling; one reorder, of the pooled features
+            assert done.counts()["blocked_layout"] == 22
+            assert done.counts()["reorder"] == 1
+            pool = next(o for o in done.net.ops if o.type == "AveragePool")
+            reorder = next(o for o in done.net.ops if o.type == "BlockedToNCHW")
+            assert reorder.inputs == pool.outputs
     scale = np.abs(outs[False]).max()
     np.testing.assert_allclose(outs[True], outs[False], rtol=1e-4, atol=1e-5 * scale)
 

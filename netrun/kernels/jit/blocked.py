@@ -23,6 +23,7 @@ def prepare() -> None:
                         "boolean)")
     block.prepare("void(float32[:, :, ::1], float32[:, :, :, ::1])")
     unblock.prepare("void(float32[:, :, :, ::1], float32[:, :, ::1])")
+    global_pool.prepare("void(float32[:, :, :, ::1], float32[:, :, ::1], boolean)")
 
 
 @kernel
@@ -67,3 +68,25 @@ def unblock(blocked, y):
             for j in range(min(width, channels - c0)):
                 for p in range(U(blocked.shape[2])):
                     y[n, c0 + j, p] = blocked[n, cb, p, j]
+
+
+@kernel
+def global_pool(x, y, average):
+    """y[n, cb, j] = the mean (average) or the maximum of x[n, cb, :, j] over the pixels."""
+    block = U(x.shape[3])
+    pixels = U(x.shape[2])
+    scale = y.dtype.type(1) / y.dtype.type(x.shape[2])
+    for n in range(U(x.shape[0])):
+        for cb in range(U(x.shape[1])):
+            for j in range(block):
+                y[n, cb, j] = x[n, cb, 0, j]
+            for p in range(U(1), pixels):
+                for j in range(block):
+                    v = x[n, cb, p, j]
+                    if average:
+                        y[n, cb, j] += v
+                    elif v > y[n, cb, j] or v != v:
+                        y[n, cb, j] = v
+            if average:
+                for j in range(block):
+                    y[n, cb, j] *= scale
