@@ -170,9 +170,10 @@ def train(config, device, output, resume, force, allow_changes, overrides, max_i
     if trainer.tensorboard_dir is not None:
         console.info(f"TensorBoard scalars -> {trainer.tensorboard_dir} (view them with "
                      f"`tensorboard --logdir {trainer.tensorboard_dir}`)")
+    changes = trainer.start(resume, allow_changes=allow_changes)
+    # after start: the test net's layout plan needs the parameters the init net made
     for which, done in trainer.rewrites.items():
         console.detail(f"bind-time rewrites of the {which} net: {done.summary()}")
-    changes = trainer.start(resume, allow_changes=allow_changes)
     for change in changes:
         console.warn(f"resuming with a changed setting (--allow-changes): {change}")
     if resume:

@@ -40,7 +40,7 @@ from netrun.errors import CheckpointError, NetrunError
 from netrun.model import load_model
 from netrun.ops.norm import synchronized
 from netrun.proto.pbtxt import netdef_to_text
-from netrun.rewrite import Rewritten, rewrite, with_train_net
+from netrun.rewrite import Rewritten, layout_block, rewrite, with_train_net
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import TrainConfig
 from netrun.train.data import (
@@ -202,6 +202,24 @@ class Trainer:
         self.rewrites = {"train": train, "test": test}
         return dataclasses.replace(nets, test=test.net)
 
+    def _plan_test_layouts(self) -> None:
+        """Rewrite the test net again, now with the layout plan: it needs the parameters'
+        data types, which exist once the init net has run (blocked layouts are for float32
+        nets on a CPU with oneDNN; elsewhere nothing changes)."""
+        ws = self.ws
+        block = layout_block(ws.backend.name)
+        if not block:
+            return
+
+        def dtype_of(name: str):
+            return str(ws.get_blob(name).dtype) if ws.has_blob(name) else None
+
+        keep = [self.model.loss, *self.model.metrics]
+        test = rewrite(self.nets.test, "inference", keep, self._param_shape, True, block,
+                       dtype_of)
+        self.rewrites["test"] = test
+        self.bound = dataclasses.replace(self.bound, test=test.net)
+
     def _param_shape(self, name: str):
         """A parameter's shape (the test-net folds need them before the init net has run)."""
         param = next((p for p in self.model.params if p.name == name), None)
@@ -220,6 +238,7 @@ class Trainer:
             ws.run_net_once(nets.init)
             # Bind with real inputs present so buffers and shapes settle on the first run.
             if "test" in self.rewrites:
+                self._plan_test_layouts()
                 self.rewrites["test"].materialize(ws)
             # What the loop reads between runs; the rest of the activations may share memory.
             keep = [self.model.loss, *self.model.metrics, LR]

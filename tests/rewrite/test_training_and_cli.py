@@ -106,6 +106,50 @@ def test_trainer_fused_test_net_follows_the_parameters(tmp_path):
     assert results[True].metrics == pytest.approx(results[False].metrics, abs=1e-6)
 
 
+CHAIN_MODEL = """\
+name: TinyChain
+inputs: {data: [1, 28, 28], label: []}
+layers:
+  - {type: conv, name: c1, input: data, num_output: 8, kernel: 3, pad: 1, bias: false}
+  - {type: spatial_bn, name: bn1}
+  - {type: relu, name: r1}
+  - {type: conv, name: c2, num_output: 8, kernel: 3, pad: 1, bias: false}
+  - {type: spatial_bn, name: bn2}
+  - {type: add, name: sum, input: [bn2, r1]}
+  - {type: relu, name: r2}
+  - {type: average_pool, name: p, global_pooling: true}
+  - {type: fc, name: f1, num_output: 10}
+loss: {type: softmax_cross_entropy, input: f1, label: label}
+metrics: [{type: accuracy, input: f1, label: label}]
+"""
+
+
+def test_trainer_test_net_gets_the_layout_plan(tmp_path):
+    """With oneDNN, the trainer's test net is planned once the parameters exist (their data
+    type decides), and scores as the unplanned one after training steps."""
+    from netrun.kernels import onednn
+
+    if not onednn.available():
+        pytest.skip("oneDNN is not installed: there is no layout plan")
+    results = {}
+    for layouts in ("on", "off"):
+        folder = tmp_path / layouts
+        folder.mkdir()
+        path = _write(folder)
+        (folder / "bn.yaml").write_text(CHAIN_MODEL)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("NETRUN_LAYOUTS", layouts)
+            trainer = Trainer(load_config(path))
+            trainer.start()
+            for _ in range(4):
+                trainer.step()
+            results[layouts] = trainer.test()
+            planned = trainer.rewrites["test"].counts().get("blocked_layout", 0)
+            assert (planned > 0) is (layouts == "on")
+    assert results["on"].loss == pytest.approx(results["off"].loss, rel=1e-4, abs=1e-5)
+    assert results["on"].metrics == pytest.approx(results["off"].metrics, abs=1e-6)
+
+
 def test_fuse_in_the_config_must_be_a_boolean(tmp_path):
     path = _write(tmp_path, None)
     Path(path).write_text(Path(path).read_text() + "fuse: maybe\n")
