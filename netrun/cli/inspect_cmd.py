@@ -255,7 +255,10 @@ def _print_report(d: dict[str, Any]) -> None:
         console.line()
         console.line(f"bind-time rewrites: {len(d['rewrites']) or 'none'}", style="bold")
         for f in d["rewrites"]:
-            console.line(f"  {f['rule']}: {' + '.join(f['replaced'])} -> {f['made']}")
+            if f["replaced"]:
+                console.line(f"  {f['rule']}: {' + '.join(f['replaced'])} -> {f['made']}")
+            else:   # an op the rewrite added (the layout plan's reorders)
+                console.line(f"  {f['rule']}: added {f['made']}")
 
 
 def _needs_text(unknown: dict[str, list[str]]) -> str:
