@@ -136,7 +136,8 @@ def _unblocked_x(args: Args, x: TensorSpec, w: TensorSpec) -> TensorSpec:
 def _conv_problem(args: Args, ins: list[TensorSpec], transposed: bool,
                   ) -> tuple[ConvProblem, tuple[int, ...]]:
     """The (equivalent) convolution's problem and the op's output shape; ShapeError on misfit."""
-    x, w = _unblocked_x(args, ins[0], ins[1]), ins[1]
+    w = ins[1]
+    x = ins[0] if transposed else _unblocked_x(args, ins[0], w)
     for role, spec in (("X", x), ("W", w)):
         if len(spec.shape) != 4:
             raise ShapeError(f"{role} must be 4-D ({args.order}) for a 2-D convolution, got {spec}")

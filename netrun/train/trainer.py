@@ -40,7 +40,7 @@ from netrun.errors import CheckpointError, NetrunError
 from netrun.model import load_model
 from netrun.ops.norm import synchronized
 from netrun.proto.pbtxt import netdef_to_text
-from netrun.rewrite import Rewritten, layout_block, rewrite, with_train_net
+from netrun.rewrite import Rewritten, bind_rewrite, layout_block, rewrite, with_train_net
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import TrainConfig
 from netrun.train.data import (
@@ -206,17 +206,10 @@ class Trainer:
         """Rewrite the test net again, now with the layout plan: it needs the parameters'
         data types, which exist once the init net has run (blocked layouts are for float32
         nets on a CPU with oneDNN; elsewhere nothing changes)."""
-        ws = self.ws
-        block = layout_block(ws.backend.name)
-        if not block:
+        if not layout_block(self.ws.backend.name):
             return
-
-        def dtype_of(name: str):
-            return str(ws.get_blob(name).dtype) if ws.has_blob(name) else None
-
-        keep = [self.model.loss, *self.model.metrics]
-        test = rewrite(self.nets.test, "inference", keep, self._param_shape, True, block,
-                       dtype_of)
+        test = bind_rewrite(self.nets.test, self.ws, "inference",
+                            [self.model.loss, *self.model.metrics])
         self.rewrites["test"] = test
         self.bound = dataclasses.replace(self.bound, test=test.net)
 

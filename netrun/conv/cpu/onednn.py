@@ -229,14 +229,14 @@ def _resolve(p: ConvProblem, bias: bool, relu: bool, residual: bool,
     key = (p, bias, relu, residual, layout, threads)
     found = _RESOLVED.get(key)
     if found is None:
-        planned, post_relu = _forward_layout(p, layout, bias, relu, residual)
+        planned, post_relu = _forward_layout(p, layout, bias, relu, residual, threads)
         found = _RESOLVED[key] = (planned, post_relu,
                                   _team(p, bias, post_relu, planned, threads))
     return found
 
 
 def _forward_layout(p: ConvProblem, layout: engine.Layout, bias: bool, relu: bool,
-                    residual: bool) -> tuple[engine.Layout, bool]:
+                    residual: bool, threads: int) -> tuple[engine.Layout, bool]:
     """(the plan's layout, whether its ReLU is a post-op) of a forward pass. A residual with
     a blocked output is summed by the primitive (a binary post-op), which then applies the
     ReLU too, unless oneDNN would not write that layout itself; without a blocked output the
@@ -245,7 +245,8 @@ def _forward_layout(p: ConvProblem, layout: engine.Layout, bias: bool, relu: boo
         return layout, relu
     if layout.y_block:
         summed = replace(layout, add_dst=True)
-        d = engine.plan(spec(p), "forward", 1, bias, relu, layout=summed)
+        # the plan a blocked pass runs (one call on the team: `_team`), asked once
+        d = engine.plan(spec(p), "forward", threads, bias, relu, layout=summed)
         if d is not None and "dst" not in d.reorders:
             return summed, relu
     return layout, False
