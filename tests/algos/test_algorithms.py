@@ -302,6 +302,9 @@ def test_algorithms_agree_when_the_batch_is_split_across_threads(name, monkeypat
     if name == "onednn":   # it runs layers below its chunk size as one call
         from netrun.conv.cpu import onednn as onednn_conv
 
+        # the worker threads here; the OpenMP team's path: tests/algos/test_onednn.py
+        monkeypatch.setenv("NETRUN_OMP", "off")
+
         monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)
 
         monkeypatch.setattr(onednn_conv, "CHUNK_FLOPS", 1)

@@ -150,6 +150,58 @@ def test_same_bits_on_1_2_3_threads(direction, monkeypatch):
             assert np.array_equal(a, b), f"{direction}: 1 and {count} threads differ"
 
 
+@needs_onednn
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_chunks_on_the_openmp_team_give_the_worker_threads_bits(threads, monkeypatch):
+    """The batch's fixed chunks (5 images in 2 uneven chunks) run as one call on the OpenMP
+    team (netrun.kernels.onednn.team) or one by one on worker threads: every direction, the
+    fused residual and the combined gradients give the same bits either way."""
+    from netrun.conv.cpu import onednn as onednn_conv
+    from netrun.kernels import omp
+    from netrun.kernels.onednn import team
+
+    if not omp.usable(np):
+        pytest.skip("Numba's OpenMP threading layer is not available here")
+    monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)
+    monkeypatch.setattr(onednn_conv, "CHUNK_FLOPS", 1)
+    monkeypatch.setattr(parallel, "thread_count", lambda: threads)
+    p = ConvProblem(5, 16, 9, 9, 24, 3, 3, 1, 1, 1, 1, 1, 1)
+    rng = np.random.default_rng(7)
+    x, w, dy, r, b = (rng.standard_normal(s).astype(np.float32) for s in
+                      ((p.n, p.c, p.h, p.w), (p.k, p.cg, p.kh, p.kw), (p.n, p.k, p.oh, p.ow),
+                       (p.n, p.k, p.oh, p.ow), (p.k,)))
+
+    def every_direction() -> list[np.ndarray]:
+        scratch = netrun.Workspace().scratch
+        y, yr = np.empty(dy.shape, np.float32), np.empty(dy.shape, np.float32)
+        ALGO.forward(np, x, w, p, y, scratch, bias=b, relu=True)
+        ALGO.forward(np, x, w, p, yr, scratch, bias=b, relu=True, residual=r)
+        dx, dw, db = np.empty(x.shape, np.float32), np.empty(w.shape, np.float32), \
+            np.empty(p.k, np.float32)
+        ALGO.backward_data(np, dy, w, p, dx, scratch)
+        ALGO.backward_filter(np, x, dy, p, dw, scratch, dbias=db)
+        both = [np.empty(x.shape, np.float32), np.empty(w.shape, np.float32),
+                np.empty(p.k, np.float32)]
+        ALGO.backward(np, x, dy, w, p, both[0], both[1], scratch, dbias=both[2])
+        return [y, yr, dx, dw, db, *both]
+
+    calls = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda chunks: calls.append(len(chunks)) or real(chunks))
+    on_team = every_direction()
+    assert calls and set(calls) == {2}
+    monkeypatch.setenv("NETRUN_OMP", "off")
+    calls.clear()
+    on_workers = every_direction()
+    assert not calls
+    for i, (a, c) in enumerate(zip(on_team, on_workers)):
+        assert np.array_equal(a, c), f"output {i}: the team and the worker threads differ"
+    y_ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), (1, 1), (1, 1, 1, 1),
+                        (1, 1), 1)
+    want = np.maximum(y_ref + b.reshape(1, -1, 1, 1) + r, 0)
+    np.testing.assert_allclose(on_team[1], want, rtol=1e-4, atol=1e-4)
+
+
 # The library ----------------------------------------------------------------------------------
 @needs_onednn
 def test_enum_values_are_found_by_name():

@@ -29,15 +29,18 @@ chunks by 9% on ResNet-20 at batch 128 and ResNet-50 at batch 8.
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
 from netrun.conv.algorithm import ConvAlgorithm, ConvProblem, KeptFilters, register_algorithm
-from netrun.kernels import jit, onednn, parallel
+from netrun.kernels import jit, omp, onednn, parallel
 from netrun.kernels import relu as relu_kernels
 from netrun.kernels.jit import blocked as jit_blocked
 from netrun.kernels.onednn import conv as engine
+from netrun.kernels.onednn import team as on_team
 
 # The batch in CHUNKS chunks at most (2 or 4 threads share them evenly), none with less than
 # CHUNK_MIN_FLOPS of work: handing a chunk to another thread costs ~0.05-0.1 ms, and more
@@ -85,7 +88,8 @@ class OneDNNConv(ConvAlgorithm):
     def workspace_bytes(self, p: ConvProblem) -> int:
         # blocked copies of x, y (or dY) and w, channels padded to a block of 16, and per
         # chunk thread a partial filter gradient; oneDNN's scratchpad comes on top
-        pad = lambda c: -(-c // 16) * 16
+        def pad(c):
+            return -(-c // 16) * 16
         x, y = p.n * pad(p.c) * p.h * p.w, p.n * pad(p.k) * p.oh * p.ow
         w = pad(p.k) * pad(p.cg) * p.kh * p.kw
         threads = min(parallel.thread_count(), CHUNKS)
@@ -131,17 +135,16 @@ class OneDNNConv(ConvAlgorithm):
         else:
             staged = _Filters(w, scratch, filters)
 
-            def work(index, n0, n1):
+            def chunk(index, n0, n1, s) -> _Chunk:
                 d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, post_relu,
                                 layout=layout)
-                blocked = engine.run(d, 1, parallel.chunk_scratch(scratch, index),
-                                     staged.staged(d), after and after.blocked, src=x[n0:n1],
-                                     bias=bias, dst=y[n0:n1],
-                                     **{k: v[n0:n1] for k, v in extra.items()})
-                if after is not None:
-                    after.finish(blocked, y, n0, n1)
+                calls, held, blocked = engine.steps(
+                    d, s, staged.staged(d), after and after.blocked, src=x[n0:n1], bias=bias,
+                    dst=y[n0:n1], **{k: v[n0:n1] for k, v in extra.items()})
+                then = None if after is None else partial(after.finish, blocked, y, n0, n1)
+                return _Chunk(calls, held, then)
 
-            _chunks(p, work)
+            _chunked(p, scratch, chunk)
         if y is not out:
             out[...] = y
 
@@ -151,12 +154,13 @@ class OneDNNConv(ConvAlgorithm):
 
         filters = _Filters(w, scratch)
 
-        def work(index, n0, n1):
+        def chunk(index, n0, n1, s) -> _Chunk:
             d = engine.plan(spec(p, n1 - n0), "backward_data", 1)
-            engine.run(d, 1, parallel.chunk_scratch(scratch, index), filters.staged(d),
-                       diff_dst=dy[n0:n1], diff_src=dx[n0:n1])
+            calls, held, _ = engine.steps(d, s, filters.staged(d), diff_dst=dy[n0:n1],
+                                          diff_src=dx[n0:n1])
+            return _Chunk(calls, held)
 
-        _chunks(p, work)
+        _chunked(p, scratch, chunk)
         if dx is not out:
             out[...] = dx
 
@@ -164,12 +168,11 @@ class OneDNNConv(ConvAlgorithm):
         x, dy = _c(x), _c(dy)
         dw = _writable(out, scratch, "onednn.dw")
 
-        def work(index, n0, n1):
-            s = parallel.chunk_scratch(scratch, index)
+        def chunk(index, n0, n1, s) -> _Chunk:
             d = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None)
             return _filter_chunk(d, s, index, x[n0:n1], dy[n0:n1], dw, dbias, {})
 
-        _chunks(p, work)
+        _chunked(p, scratch, chunk)
         if dw is not out:
             out[...] = dw
 
@@ -180,40 +183,89 @@ class OneDNNConv(ConvAlgorithm):
         gw = _writable(dw, scratch, "onednn.dw")
         filters = _Filters(w, scratch)
 
-        def work(index, n0, n1):
-            s = parallel.chunk_scratch(scratch, index)
+        def chunk(index, n0, n1, s) -> _Chunk:
             data = engine.plan(spec(p, n1 - n0), "backward_data", 1)
             weights = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None)
-            shared = {}
+            shared, calls, held = {}, [], []
             if data.chosen["diff_dst"] == weights.chosen["diff_dst"]:
-                shared["diff_dst"] = engine.stage(data, 1, "diff_dst", dy[n0:n1], s,
-                                                  "onednn.dy_staged")
-            engine.run(data, 1, s, {**filters.staged(data), **shared}, diff_dst=dy[n0:n1],
-                       diff_src=gx[n0:n1])
-            return _filter_chunk(weights, s, index, x[n0:n1], dy[n0:n1], gw, dbias, shared)
+                shared["diff_dst"], calls = engine.stage_steps(data, "diff_dst", dy[n0:n1], s,
+                                                               "onednn.dy_staged")
+                held += shared["diff_dst"].held
+            more, more_held, _ = engine.steps(data, s, {**filters.staged(data), **shared},
+                                              diff_dst=dy[n0:n1], diff_src=gx[n0:n1])
+            rest = _filter_chunk(weights, s, index, x[n0:n1], dy[n0:n1], gw, dbias, shared)
+            return _Chunk(calls + more + rest.calls, held + more_held + rest.held,
+                          commit=rest.commit)
 
-        _chunks(p, work)
+        _chunked(p, scratch, chunk)
         if gx is not dx:
             dx[...] = gx
         if gw is not dw:
             dw[...] = gw
 
 
-def _filter_chunk(d, s, index: int, x, dy, dw, dbias, staged: dict):
+def _filter_chunk(d, s, index: int, x, dy, dw, dbias, staged: dict) -> _Chunk:
     """One batch chunk's filter (and bias) gradient: chunk 0 writes dw itself, the others a
-    partial sum, added by the commit they return (in chunk order: netrun.kernels.parallel)."""
+    partial sum, added by their commit (in chunk order: netrun.kernels.parallel)."""
     mine = dw if index == 0 else s("onednn.dw_part", dw.shape, "float32")
     db = dbias if index == 0 else (
         None if dbias is None else s("onednn.db_part", dbias.shape, "float32"))
-    engine.run(d, 1, s, staged, src=x, diff_dst=dy, diff_weights=mine, diff_bias=db)
+    calls, held, _ = engine.steps(d, s, staged, src=x, diff_dst=dy, diff_weights=mine,
+                                  diff_bias=db)
     if index == 0:
-        return None
+        return _Chunk(calls, held)
 
     def commit():
         np.add(dw, mine, out=dw)
         if dbias is not None:
             np.add(dbias, db, out=dbias)
-    return commit
+    return _Chunk(calls, held + [mine, db], commit=commit)
+
+
+@dataclass
+class _Chunk:
+    """One batch chunk's oneDNN calls (engine.steps), the scratch arrays they use, what
+    runs after them on the chunk's thread (`then`) and what adds its share into a result
+    shared with the other chunks (`commit`, in chunk order)."""
+
+    calls: list
+    held: list
+    then: Callable[[], None] | None = None
+    commit: Callable[[], None] | None = None
+
+
+def _chunked(p: ConvProblem, scratch, chunk: Callable[..., _Chunk]) -> None:
+    """chunk(index, n0, n1, scratch) over the problem's fixed batch chunks. Several chunks
+    run on the OpenMP team in one call (netrun.kernels.onednn.team) where it can run, each
+    with its own scratch, then their `then` and commits in chunk order; otherwise each on a
+    worker thread (netrun.kernels.parallel), or the one chunk on this thread."""
+    spans = _batch_spans(p)
+    if len(spans) > 1 and omp.usable(np) and not parallel.in_chunk():
+        planned = [chunk(i, n0, n1, _own_scratch(scratch, i)) for i, (n0, n1) in
+                   enumerate(spans)]
+        on_team.run([c.calls for c in planned])
+        for c in planned:
+            if c.then is not None:
+                c.then()
+            if c.commit is not None:
+                c.commit()
+        return
+
+    def work(index, n0, n1):
+        c = chunk(index, n0, n1, parallel.chunk_scratch(scratch, index))
+        engine.execute(c.calls, 1)
+        if c.then is not None:
+            c.then()
+        return c.commit
+
+    _split(p.n, _batch_split(p), work)
+
+
+def _own_scratch(scratch, index: int):
+    """Scratch buffers of chunk `index` alone (a team runs all chunks at once)."""
+    if index == 0:
+        return scratch
+    return lambda key, shape, dtype="float32": scratch(f"{key}#chunk{index}", shape, dtype)
 
 
 # (problem, bias, ReLU, residual, layout, threads) -> what `forward` runs: the plan's layout,
@@ -361,11 +413,6 @@ def _kept(d: engine.Direction, w, filters: KeptFilters | None) -> engine.Staged 
                           lambda key, shape, dtype: np.empty(shape, dtype), "onednn.kept")
     kept[d] = (filters.version, staged)
     return staged
-
-
-def _chunks(p: ConvProblem, work) -> None:
-    """work(index, n0, n1) over the problem's fixed batch chunks, on netrun's workers."""
-    _split(p.n, _batch_split(p), work)
 
 
 def _c(a):

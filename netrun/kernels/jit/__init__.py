@@ -63,10 +63,12 @@ def disabled() -> Iterator[None]:
 
 
 class Kernel:
-    """A Python function compiled by Numba on first use (nopython, nogil, cached on disk)."""
+    """A Python function compiled by Numba on first use (nopython, nogil, cached on disk);
+    with parallel=True its `prange` loops run on Numba's OpenMP team (see netrun.kernels.omp)."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, parallel: bool = False):
         self.fn = fn
+        self.parallel = parallel
         self._compiled: Any = None
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
@@ -79,7 +81,8 @@ class Kernel:
                 if self._compiled is None:
                     import numba  # optional and heavy: only when a kernel is first used
 
-                    self._compiled = numba.njit(cache=True, nogil=True)(self.fn)
+                    self._compiled = numba.njit(cache=True, nogil=True,
+                                                parallel=self.parallel)(self.fn)
         return self._compiled
 
     def __call__(self, *args):
@@ -105,3 +108,19 @@ class Kernel:
 def kernel(fn: Callable) -> Kernel:
     """Decorator: `fn` becomes a lazily compiled Numba kernel (see `Kernel`)."""
     return Kernel(fn)
+
+
+def team_kernel(fn: Callable) -> Kernel:
+    """Decorator: a kernel whose `prange` loop over fixed chunks runs on the OpenMP team
+    (netrun.kernels.omp decides when one may be launched)."""
+    return Kernel(fn, parallel=True)
+
+
+def __getattr__(name: str) -> Any:
+    # `jit.prange` in a team kernel is Numba's prange, looked up only when Numba compiles
+    # the kernel (so that importing the kernel modules does not import Numba)
+    if name == "prange":
+        import numba
+
+        return numba.prange
+    raise AttributeError(name)

@@ -129,6 +129,20 @@ class Library:
             weakref.finalize(self._streams, self.lib.dnnl_stream_destroy, s)
         return s
 
+    def streams(self, count: int) -> list[int]:
+        """`count` streams of this thread, one per batch chunk that a team runs side by side
+        (netrun.kernels.onednn.team), as addresses."""
+        found = getattr(self._streams, "team", None)
+        if found is None:
+            found = self._streams.team = []
+            destroy = self.lib.dnnl_stream_destroy
+            weakref.finalize(self._streams, lambda: [destroy(s) for s in found])
+        while len(found) < count:
+            s = c_void_p()
+            self.check(self.lib.dnnl_stream_create(byref(s), self.engine, 1), "stream_create")
+            found.append(s.value)
+        return found[:count]
+
 
 def dims(values: Sequence[int]) -> Dims:
     """A dnnl_dims_t holding `values`."""
@@ -227,6 +241,15 @@ class Primitive:
 
     def execute(self, args: Sequence[tuple[int, MemoryDesc, int]]) -> None:
         """Run on this thread's stream with (argument index, layout, data pointer) triples."""
+        packed = self.bound(args)
+        f = self.lib.lib
+        self.lib.check(f.dnnl_primitive_execute(self.handle, self.lib.stream(), len(args),
+                                                packed), f"primitive_execute ({self.impl})")
+
+    def bound(self, args: Sequence[tuple[int, MemoryDesc, int]]):
+        """The packed dnnl_exec_arg_t array for these (index, layout, pointer) triples, its
+        memory objects kept by this thread's last BOUND argument sets (the most recent are
+        never the ones released)."""
         bound = getattr(self._bound, "sets", None)
         if bound is None:
             bound = self._bound.sets = {}
@@ -238,9 +261,7 @@ class Primitive:
             if len(bound) >= self.BOUND:
                 self._release(bound.pop(next(iter(bound))))
         bound[key] = entry   # most recent last
-        f = self.lib.lib
-        self.lib.check(f.dnnl_primitive_execute(self.handle, self.lib.stream(), len(args),
-                                                entry[0]), f"primitive_execute ({self.impl})")
+        return entry[0]
 
     def _bind(self, args) -> tuple:
         """(packed dnnl_exec_arg_t array, memory handles, layouts) for one argument set."""

@@ -115,13 +115,20 @@ class Direction:
     def stage(self, arg: str, array, scratch: Callable, key: str) -> Staged:
         """An input reordered once into this primitive's layout, for several calls (the
         filters, shared by every batch chunk of one pass)."""
+        staged, steps = self.stage_steps(arg, array, scratch, key)
+        _execute(steps)
+        return staged
+
+    def stage_steps(self, arg: str, array, scratch: Callable,
+                    key: str) -> tuple[Staged, list]:
+        """`stage`, its reorder not yet run: (the staged input, the steps that fill it)."""
         held: list = []
         if arg not in self.reorders:
-            return Staged(self.chosen[arg], array.ctypes.data, [array])
+            return Staged(self.chosen[arg], array.ctypes.data, [array]), []
         prim, src, dst = self.reorders[arg]
         pointer = _buffer(scratch, key, self.chosen[arg].size, held)
-        prim.execute([(self._src, src, array.ctypes.data), (self._dst, dst, pointer)])
-        return Staged(self.chosen[arg], pointer, held)
+        return Staged(self.chosen[arg], pointer, held), [
+            (prim, [(self._src, src, array.ctypes.data), (self._dst, dst, pointer)])]
 
     def run(self, arrays: dict[str, Any], scratch: Callable,
             staged: dict[str, Staged] | None = None, blocked: str | None = None):
@@ -130,6 +137,15 @@ class Direction:
         forward pass with a `dst_block`), the output is not reordered: the blocked result,
         (N, ⌈K/B⌉, oH·oW, B) in scratch, is returned for the caller to read before its op
         returns; otherwise None."""
+        steps, held, result = self.steps(arrays, scratch, staged, blocked)
+        _execute(steps)
+        return result
+
+    def steps(self, arrays: dict[str, Any], scratch: Callable,
+              staged: dict[str, Staged] | None = None,
+              blocked: str | None = None) -> tuple[list, list, Any]:
+        """What `run` executes, not yet run: (steps, the scratch arrays they use, which the
+        caller keeps alive until they have run, and `run`'s result)."""
         chosen, index = self.chosen, self.index
         pointers = {arg: a.ctypes.data for arg, a in arrays.items() if a is not None}
         ready = {}
@@ -140,29 +156,35 @@ class Direction:
         held = []   # the scratch array behind the raw pointers stays alive until the call ends
         base = (_buffer(scratch, "onednn.region", self.region_bytes, held)
                 if self.region_bytes else 0)
-        blocked, outputs = {}, []
+        copies, steps, outputs = {}, [], []
         for arg, (prim, src, dst) in self.reorders.items():
             if arg not in pointers or arg in ready:
                 continue
-            blocked[arg] = base + self.offsets[arg]
+            copies[arg] = base + self.offsets[arg]
             if arg in _OUTPUTS:
-                outputs.append((arg, prim, src, dst, blocked[arg], pointers[arg]))
+                outputs.append((arg, prim, src, dst, copies[arg], pointers[arg]))
             else:
-                prim.execute([(self._src, src, pointers[arg]), (self._dst, dst, blocked[arg])])
-        args = [(index[arg], chosen[arg], blocked.get(arg) or ready.get(arg) or pointer)
+                steps.append((prim, [(self._src, src, pointers[arg]),
+                                     (self._dst, dst, copies[arg])]))
+        args = [(index[arg], chosen[arg], copies.get(arg) or ready.get(arg) or pointer)
                 for arg, pointer in pointers.items()]
         if self.prim.scratch_bytes:
             args.append((api_arg("scratchpad"), self.prim.scratch_md,
                          base + self.scratchpad_offset))
-        self.prim.execute(args)
+        steps.append((self.prim, args))
         result = None
         for arg, prim, src, dst, inside, outside in outputs:
             if arg == blocked == "dst" and self.dst_block:
                 result = _blocked_view(held[0], inside, self.chosen["dst"].size,
                                        arrays["dst"].shape, self.dst_block)
                 continue
-            prim.execute([(self._src, src, inside), (self._dst, dst, outside)])
-        return result
+            steps.append((prim, [(self._src, src, inside), (self._dst, dst, outside)]))
+        return steps, held, result
+
+
+def _execute(steps: list) -> None:
+    for prim, args in steps:
+        prim.execute(args)
 
 
 _OUTPUTS = ("dst", "diff_src", "diff_weights")
@@ -359,16 +381,39 @@ def run(d: Direction, count: int, scratch: Callable, staged: dict[str, Staged] |
         blocked: str | None = None, **arrays):
     """Execute a plan on `count` OpenMP threads of this thread (`staged`, `blocked` and what
     it returns: see Direction.run)."""
-    for a in arrays.values():
-        if a is not None and (a.dtype != np.float32 or not a.flags.c_contiguous):
-            raise ValueError("oneDNN arrays must be C-contiguous float32")
+    _check(arrays.values())
     with threads.running(count):
         return d.run(arrays, scratch, staged, blocked)
 
 
+def steps(d: Direction, scratch: Callable, staged: dict[str, Staged] | None = None,
+          blocked: str | None = None, **arrays) -> tuple[list, list, Any]:
+    """Direction.steps with `run`'s checks: the calls, for `execute` or a team table."""
+    _check(arrays.values())
+    return d.steps(arrays, scratch, staged, blocked)
+
+
+def execute(calls: list, count: int) -> None:
+    """Steps (from `steps`, `stage_steps`) in order on `count` OpenMP threads of this thread."""
+    with threads.running(count):
+        _execute(calls)
+
+
 def stage(d: Direction, count: int, arg: str, array, scratch: Callable, key: str) -> Staged:
     """Direction.stage on `count` OpenMP threads of this thread."""
-    if array.dtype != np.float32 or not array.flags.c_contiguous:
-        raise ValueError("oneDNN arrays must be C-contiguous float32")
+    _check([array])
     with threads.running(count):
         return d.stage(arg, array, scratch, key)
+
+
+def stage_steps(d: Direction, arg: str, array, scratch: Callable,
+                key: str) -> tuple[Staged, list]:
+    """Direction.stage_steps with `stage`'s checks."""
+    _check([array])
+    return d.stage_steps(arg, array, scratch, key)
+
+
+def _check(arrays) -> None:
+    for a in arrays:
+        if a is not None and (a.dtype != np.float32 or not a.flags.c_contiguous):
+            raise ValueError("oneDNN arrays must be C-contiguous float32")

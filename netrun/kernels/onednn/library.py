@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from netrun.errors import BackendError
+from netrun.kernels import omp
 
 ENV = "NETRUN_ONEDNN"
 SONAME = "libdnnl.so.3"
@@ -76,6 +77,7 @@ def require() -> ctypes.CDLL:
 
 
 def _load_once() -> None:
+    omp.load_runtime()   # GNU OpenMP first, with netrun's settings (netrun.kernels.omp)
     errors = []
     for path in candidates():
         if os.sep in path and not os.path.exists(path):

@@ -1,0 +1,75 @@
+"""A batch's fixed chunks of oneDNN calls on the OpenMP team, in one GIL-free call.
+
+Each chunk is a list of primitive calls (reorders in, the convolution, reorders out) that
+netrun's worker threads would otherwise run one ctypes call at a time, taking the GIL back
+after each. Here every call is bound first (its packed arguments: netrun.kernels.onednn.api),
+then one compiled kernel runs chunk c's calls in order as iteration c of a `prange` loop on
+Numba's OpenMP team (netrun.kernels.omp), chunk c on its own stream. The primitives were
+built for one thread: inside the team's parallel region oneDNN runs them on the thread that
+calls them, so each chunk computes exactly what it computes on a worker thread.
+
+dnnl_primitive_execute is reached from the compiled kernel by name: its address is given to
+LLVM's symbol table once per process before the kernel is compiled or loaded from Numba's
+disk cache.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from netrun.kernels import jit, omp
+from netrun.kernels.jit import team_kernel
+from netrun.kernels.onednn import api
+
+Step = tuple   # (api.Primitive, [(argument index, MemoryDesc, pointer), ...])
+
+
+@functools.cache
+def prepare() -> None:
+    """Make dnnl_primitive_execute known to compiled code and compile (or load) the kernel."""
+    import llvmlite.binding as llvm  # comes with Numba
+    from numba import types
+
+    lib = api.get()
+    address = ctypes.cast(lib.lib.dnnl_primitive_execute, ctypes.c_void_p).value
+    llvm.add_symbol("dnnl_primitive_execute", address)
+    # the kernel's global: dnnl_status_t (primitive, stream, nargs, const dnnl_exec_arg_t *)
+    globals()["_dnnl_primitive_execute"] = types.ExternalFunction(
+        "dnnl_primitive_execute", types.int32(types.uint64, types.uint64, types.int32,
+                                              types.uint64))
+    execute_table.prepare("void(int64[::1], uint64[::1], int32[::1], uint64[::1], "
+                          "uint64[::1], int32[::1])")
+
+
+@team_kernel
+def execute_table(starts, primitives, counts, arguments, streams, status):
+    """Chunk c runs rows starts[c]:starts[c+1] in order on streams[c]: status[j] =
+    dnnl_primitive_execute(primitives[j], streams[c], counts[j], arguments[j]); a chunk stops
+    at its first failure."""
+    for c in jit.prange(starts.shape[0] - 1):
+        for j in range(starts[c], starts[c + 1]):
+            status[j] = _dnnl_primitive_execute(primitives[j], streams[c], counts[j],  # noqa: F821
+                                                arguments[j])
+            if status[j] != 0:
+                break
+
+
+def run(chunks: Sequence[Sequence[Step]]) -> None:
+    """Each chunk's steps in order, the chunks side by side on the OpenMP team."""
+    prepare()
+    lib = api.get()
+    rows = [(prim, args) for steps in chunks for prim, args in steps]
+    starts = np.cumsum([0] + [len(steps) for steps in chunks], dtype=np.int64)
+    packed = [prim.bound(args) for prim, args in rows]   # kept alive until the call returns
+    primitives = np.array([prim.handle.value for prim, _ in rows], dtype=np.uint64)
+    counts = np.array([len(args) for _, args in rows], dtype=np.int32)
+    arguments = np.array([ctypes.addressof(p) for p in packed], dtype=np.uint64)
+    streams = np.array(lib.streams(len(chunks)), dtype=np.uint64)
+    status = np.zeros(len(rows), dtype=np.int32)
+    omp.launch(execute_table, len(chunks), starts, primitives, counts, arguments, streams,
+               status)
+    for (prim, _), code in zip(rows, status):
+        lib.check(int(code), f"primitive_execute ({prim.impl}, on the team)")
