@@ -20,7 +20,7 @@ import numpy as np
 
 import netrun.kernels.jit as jit
 import netrun.kernels.jit.batch_norm as jit_bn
-from netrun.kernels import omp, parallel
+from netrun.kernels import parallel
 from netrun.kernels import relu as relu_kernels
 
 Scratch = Callable[..., Any]
@@ -48,31 +48,15 @@ class Stats:
     m: int
 
 
-def _chunk_args(args: tuple, o0: int, o1: int) -> list:
-    """The arguments of a kernel's call on chunk o0:o1: (outer, C, inner) arrays sliced."""
-    return [a[o0:o1] if isinstance(a, np.ndarray) and a.ndim == 3 else a for a in args]
-
-
-def _chunked_sums(xp, shape3, scratch: Scratch, kernel, team, *args) -> np.ndarray:
-    """(2, C) float64: kernel(*args, lanes, sums) summed over the fixed chunks of the outer
-    axis in chunk order, on the OpenMP team (`team`, the kernel's prange form) or the worker
-    threads (the same slices and order, so the same bits)."""
+def _chunked_sums(xp, shape3, scratch: Scratch, fn) -> np.ndarray:
+    """(2, C) float64: the sum over the fixed chunks of fn(x-chunk slice, lanes, sums)."""
     outer, c, inner = shape3
     total = np.zeros((2, c))
-    if omp.usable(xp):
-        bounds = omp.bounds(outer, work=outer * c * inner)
-        n = len(bounds) - 1
-        lanes = scratch("bn.team_lanes", (n, 2, c, inner), "float64")
-        sums = scratch("bn.team_sums", (n, 2, c), "float64")
-        omp.launch(team, n, bounds, *args, lanes, sums)
-        for i in range(n):
-            total += sums[i]
-        return total
 
     def work(index, o0, o1):
         lanes = parallel.chunk_scratch(scratch, index)("bn.lanes", (2, c, inner), "float64")
         sums = np.empty((2, c))
-        kernel(*_chunk_args(args, o0, o1), lanes, sums)
+        fn(o0, o1, lanes, sums)
 
         def commit() -> None:
             total[...] += sums
@@ -82,16 +66,10 @@ def _chunked_sums(xp, shape3, scratch: Scratch, kernel, team, *args) -> np.ndarr
     return total
 
 
-def _each_chunk(xp, shape3, kernel, team, *args) -> None:
-    """kernel(*args) on each fixed chunk of the outer axis, on the OpenMP team (`team`, the
-    kernel's prange form) or the worker threads."""
+def _each_chunk(xp, shape3, fn) -> None:
+    """fn(o0, o1) over the fixed chunks of the outer axis, on the worker threads."""
     outer, c, inner = shape3
-    if omp.usable(xp):
-        bounds = omp.bounds(outer, work=outer * c * inner)
-        omp.launch(team, len(bounds) - 1, bounds, *args)
-        return
-    parallel.chunks(xp, outer, lambda _i, o0, o1: kernel(*_chunk_args(args, o0, o1)),
-                    work=outer * c * inner)
+    parallel.chunks(xp, outer, lambda _i, o0, o1: fn(o0, o1), work=outer * c * inner)
 
 
 # Forward ------------------------------------------------------------------------------------
@@ -104,7 +82,8 @@ def batch_stats(xp, X, order: str, scratch: Scratch) -> Stats:
         x = np.ascontiguousarray(X).reshape(shape3)
         # any value of each channel, the same on every thread count: the first one
         shift = x[0, :, 0].astype(np.float64)
-        s = _chunked_sums(xp, shape3, scratch, jit_bn.stats, jit_bn.stats_team, x, shift)
+        s = _chunked_sums(xp, shape3, scratch,
+                          lambda o0, o1, lanes, sums: jit_bn.stats(x[o0:o1], shift, lanes, sums))
         mean_shifted = s[0] / m
         var = np.maximum(s[1] / m - mean_shifted * mean_shifted, 0.0)
         return Stats(mean_shifted + shift, var, m)
@@ -132,8 +111,8 @@ def normalize(xp, X, order: str, mean, k, bias, Y, relu: bool) -> None:
     c = shape3[1]
     if compiled(xp, X, Y, mean, k, bias):
         x, y = np.ascontiguousarray(X).reshape(shape3), Y.reshape(shape3)
-        _each_chunk(xp, shape3, jit_bn.normalize, jit_bn.normalize_team, x, mean, k, bias, y,
-                    relu)
+        _each_chunk(xp, shape3, lambda o0, o1: jit_bn.normalize(x[o0:o1], mean, k, bias,
+                                                                y[o0:o1], relu))
         return
     b = (1, c, 1)
     y = Y.reshape(shape3)
@@ -157,8 +136,8 @@ def inference(xp, X, order: str, scale, bias, mean, var, epsilon: float, Y,
     shape3 = view(X.shape, order)
     x, y = np.ascontiguousarray(X).reshape(shape3), Y.reshape(shape3)
     vecs = [np.ascontiguousarray(v) for v in (scale, bias, mean, var)]
-    _each_chunk(xp, shape3, jit_bn.inference, jit_bn.inference_team, x, *vecs, epsilon, y,
-                relu)
+    _each_chunk(xp, shape3, lambda o0, o1: jit_bn.inference(x[o0:o1], *vecs, epsilon,
+                                                            y[o0:o1], relu))
     return True
 
 
@@ -172,8 +151,8 @@ def gradient_sums(xp, X, mean, dY, Y, order: str, scratch: Scratch) -> np.ndarra
     if compiled(xp, X, mean, dY, *([Y] if relu else [])):
         x, dy = np.ascontiguousarray(X).reshape(shape3), np.ascontiguousarray(dY).reshape(shape3)
         y = np.ascontiguousarray(Y).reshape(shape3) if relu else dy
-        return _chunked_sums(xp, shape3, scratch, jit_bn.gradient_sums,
-                             jit_bn.gradient_sums_team, x, mean, dy, y, relu)
+        return _chunked_sums(xp, shape3, scratch, lambda o0, o1, lanes, sums: jit_bn.gradient_sums(
+            x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, lanes, sums))
     g = dY.reshape(shape3)
     if relu:
         g = relu_kernels.relu_gradient(xp, Y.reshape(shape3), g,
@@ -195,8 +174,8 @@ def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX,
         x, dy = np.ascontiguousarray(X).reshape(shape3), np.ascontiguousarray(dY).reshape(shape3)
         y = np.ascontiguousarray(Y).reshape(shape3) if relu else dy
         dx = dX.reshape(shape3)
-        _each_chunk(xp, shape3, jit_bn.gradient_input, jit_bn.gradient_input_team, x, mean,
-                    dy, y, relu, a, b, k, is_test, dx)
+        _each_chunk(xp, shape3, lambda o0, o1: jit_bn.gradient_input(
+            x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, a, b, k, is_test, dx[o0:o1]))
         return
     bs = (1, c, 1)
     dx = dX.reshape(shape3)

@@ -1,29 +1,30 @@
-"""Fixed chunks on one OpenMP team: compiled kernels and oneDNN's primitives share its threads.
+"""Fixed chunks on one OpenMP team: oneDNN's batch chunks as one GIL-free call per op.
 
 netrun.kernels.parallel hands a batch's fixed chunks to Python worker threads. Each hand-off
-wakes a sleeping thread, and every step of a chunk takes the GIL again: on a small VM a wake
-costs ~0.1 ms, and ResNet-20's training step on 2 cores ran only 1.02-1.11× faster than on
-one. Worse, oneDNN's OpenMP threads spin for milliseconds after each call and take the core
-that the next op's Python worker needs. Here the same fixed chunks run instead as the
-iterations of one `prange` loop in a compiled kernel (netrun.kernels.jit.team_kernel), on
-Numba's OpenMP threading layer: one GIL-free call per op, on the team of the libgomp that
-oneDNN uses too, whose threads are already spinning when the next op starts.
+wakes a sleeping thread and every ctypes call of a chunk takes the GIL back: on the 2-core VM
+a wake costs ~0.1 ms, and ResNet-20's training step ran only 1.02-1.11× faster on 2 threads
+than on one. A team kernel (netrun.kernels.jit.team_kernel) runs the same chunks instead as
+the iterations of one compiled `prange` loop on Numba's OpenMP threading layer, on the
+libgomp that oneDNN uses too (netrun.kernels.onednn.team runs oneDNN's convolution chunks
+that way): slot w of the loop takes chunks w, w + slots, ... with slot w's scratch, as worker
+w would. The bits stay those of the worker threads: a chunk is the same slice on any thread,
+and the chunks' partial sums are added by the caller in chunk order after the call.
 
-The bits stay those of the worker-thread path: a chunk is the same slice whichever thread
-runs it, and the chunks' partial sums are added by the caller in chunk order after the call.
+Used only where it is safe: Numba's OpenMP layer (safe for launches from several Python
+threads at once; its `workqueue` fallback is not), asked for ahead of TBB unless the user chose
+a layer (NUMBA_THREADING_LAYER). NETRUN_OMP=off turns it off, and work nested in a worker
+thread's chunk runs on that thread alone.
 
-Used only where it is safe: Numba's OpenMP layer (shared with oneDNN's libgomp, and safe for
-launches from several Python threads at once; its `workqueue` fallback is neither), asked for
-ahead of TBB unless the user chose a layer (NUMBA_THREADING_LAYER). NETRUN_OMP=off turns it
-off, and work nested in a worker thread's chunk runs on that thread alone.
-
-The team's idle threads spin before they sleep: libgomp's default is 300,000 rounds (~3 ms),
-during which they hold cores that netrun's worker threads need for the ops that still run
-there (compiled Winograd, the GEMM algorithms): ResNet-20's training step at batch 128 ran
-~10% faster with 10,000 (`SPIN_COUNT`). libgomp reads its settings once, when it is loaded,
-so `load_runtime` loads it first, with that count, where nothing in the process has loaded
-it yet and the user set neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT; the environment is put
-back at once. Where another library loaded it first (PyTorch), its settings stand.
+The team's idle threads spin before they sleep: libgomp's default is 300,000 rounds (~3 ms
+by its own estimate; 7 ms of CPU per call measured here), during which they hold the cores
+that netrun's worker threads need for the ops that still run there (compiled Winograd, the
+GEMM algorithms, batch norm). With 10,000 (`SPIN_COUNT`, ~0.5 ms measured) ResNet-20's
+training step at batch 128 ran ~10% faster, while a batch-1 pass, whose convolutions start
+the team again every ~50 µs, still finds it spinning (with no spin it took 2-3× as long).
+libgomp reads its settings once, when it is loaded, so `load_runtime` loads it first with
+that count where nothing in the process has loaded it yet and the user set neither
+OMP_WAIT_POLICY nor GOMP_SPINCOUNT; the environment is put back at once. Where another
+library loaded it first (PyTorch), its settings stand.
 """
 from __future__ import annotations
 
@@ -103,16 +104,25 @@ def _load_layer() -> bool:
         return False
 
 
-def launch(kernel: jit.Kernel, chunks: int, *args) -> Any:
-    """kernel(*args) on a team of min(netrun's thread count, chunks) threads (one thread
-    inside a worker's chunk, where nested work runs inline)."""
+def team_size(chunks: int) -> int:
+    """The threads a team kernel gets for `chunks` chunks: min(netrun's thread count, chunks),
+    and one inside a worker thread's chunk, where nested work runs inline."""
     import numba  # loaded already: `usable` was asked first
 
     threads = 1 if parallel.in_chunk() else min(parallel.thread_count(), chunks)
-    threads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
-    if numba.get_num_threads() != threads:   # Numba keeps the count per calling thread
-        numba.set_num_threads(threads)
-    return kernel(*args)
+    return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def launch(kernel: jit.Kernel, slots: int, *args) -> Any:
+    """kernel(slots, *args) on a team of `slots` threads (`team_size`): the kernel's prange
+    runs over the slots, slot w taking chunks w, w + slots, ... in order with slot w's
+    scratch, as worker w does (netrun.kernels.parallel), so no more scratch is in use at once
+    than on the worker threads."""
+    import numba
+
+    if numba.get_num_threads() != slots:   # Numba keeps the count per calling thread
+        numba.set_num_threads(slots)
+    return kernel(slots, *args)
 
 
 def bounds(n: int, work: int = 0, block: int = 1) -> np.ndarray:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import netrun.kernels.jit.batch_norm as jit_bn
-from netrun.kernels import jit, omp, parallel
+from netrun.kernels import jit, parallel
 
 
 def _compiled(xp: Any, *arrays) -> bool:
@@ -19,12 +19,8 @@ def relu(xp: Any, X, Y):
     """Y = max(X, 0) (Y may be X); returns Y."""
     if _compiled(xp, X, Y):
         x, y = X.reshape(-1), Y.reshape(-1)
-        if omp.usable(xp):
-            bounds = omp.bounds(x.size, work=x.size)
-            omp.launch(jit_bn.relu_team, len(bounds) - 1, bounds, x, y)
-        else:
-            parallel.chunks(xp, x.size, lambda _i, i0, i1: jit_bn.relu(x[i0:i1], y[i0:i1]),
-                            work=x.size)
+        parallel.chunks(xp, x.size, lambda _i, i0, i1: jit_bn.relu(x[i0:i1], y[i0:i1]),
+                        work=x.size)
     else:
         xp.maximum(X, 0, out=Y)
     return Y
@@ -40,12 +36,8 @@ def relu_gradient(xp: Any, Y, dY, dX):
     """dX = dY·(Y > 0) (dX may be dY; NaN·0 stays NaN, as in NumPy); returns dX."""
     if _compiled(xp, Y, dY, dX):
         y, dy, dx = Y.reshape(-1), dY.reshape(-1), dX.reshape(-1)
-        if omp.usable(xp):
-            bounds = omp.bounds(y.size, work=y.size)
-            omp.launch(jit_bn.relu_gradient_team, len(bounds) - 1, bounds, y, dy, dx)
-        else:
-            parallel.chunks(xp, y.size, lambda _i, i0, i1: jit_bn.relu_gradient(
-                y[i0:i1], dy[i0:i1], dx[i0:i1]), work=y.size)
+        parallel.chunks(xp, y.size, lambda _i, i0, i1: jit_bn.relu_gradient(
+            y[i0:i1], dy[i0:i1], dx[i0:i1]), work=y.size)
     else:
         xp.multiply(dY, Y > 0, out=dX)
     return dX

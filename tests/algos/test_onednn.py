@@ -187,7 +187,8 @@ def test_chunks_on_the_openmp_team_give_the_worker_threads_bits(threads, monkeyp
 
     calls = []
     real = team.run
-    monkeypatch.setattr(team, "run", lambda chunks: calls.append(len(chunks)) or real(chunks))
+    monkeypatch.setattr(team, "run", lambda chunks, slots: calls.append(len(chunks))
+                        or real(chunks, slots))
     on_team = every_direction()
     assert calls and set(calls) == {2}
     monkeypatch.setenv("NETRUN_OMP", "off")

@@ -138,6 +138,8 @@ class OneDNNConv(ConvAlgorithm):
             def chunk(index, n0, n1, s) -> _Chunk:
                 d = engine.plan(spec(p, n1 - n0), "forward", 1, bias is not None, post_relu,
                                 layout=layout)
+                if after is not None and after.blocked:   # read after every chunk has run
+                    s = _own(s, index)
                 calls, held, blocked = engine.steps(
                     d, s, staged.staged(d), after and after.blocked, src=x[n0:n1], bias=bias,
                     dst=y[n0:n1], **{k: v[n0:n1] for k, v in extra.items()})
@@ -207,9 +209,10 @@ class OneDNNConv(ConvAlgorithm):
 def _filter_chunk(d, s, index: int, x, dy, dw, dbias, staged: dict) -> _Chunk:
     """One batch chunk's filter (and bias) gradient: chunk 0 writes dw itself, the others a
     partial sum, added by their commit (in chunk order: netrun.kernels.parallel)."""
-    mine = dw if index == 0 else s("onednn.dw_part", dw.shape, "float32")
+    # each chunk's own partial sums: its commit may run after its slot's next chunk
+    mine = dw if index == 0 else s(f"onednn.dw_part{index}", dw.shape, "float32")
     db = dbias if index == 0 else (
-        None if dbias is None else s("onednn.db_part", dbias.shape, "float32"))
+        None if dbias is None else s(f"onednn.db_part{index}", dbias.shape, "float32"))
     calls, held, _ = engine.steps(d, s, staged, src=x, diff_dst=dy, diff_weights=mine,
                                   diff_bias=db)
     if index == 0:
@@ -236,14 +239,16 @@ class _Chunk:
 
 def _chunked(p: ConvProblem, scratch, chunk: Callable[..., _Chunk]) -> None:
     """chunk(index, n0, n1, scratch) over the problem's fixed batch chunks. Several chunks
-    run on the OpenMP team in one call (netrun.kernels.onednn.team) where it can run, each
-    with its own scratch, then their `then` and commits in chunk order; otherwise each on a
+    run on the OpenMP team in one call (netrun.kernels.onednn.team) where it can run, chunk i
+    with the scratch of slot i % team size (as on worker threads: a slot's chunks run one
+    after another), then their `then` and commits in chunk order; otherwise each on a
     worker thread (netrun.kernels.parallel), or the one chunk on this thread."""
     spans = _batch_spans(p)
     if len(spans) > 1 and omp.usable(np) and not parallel.in_chunk():
-        planned = [chunk(i, n0, n1, _own_scratch(scratch, i)) for i, (n0, n1) in
+        slots = omp.team_size(len(spans))
+        planned = [chunk(i, n0, n1, _slot_scratch(scratch, i % slots)) for i, (n0, n1) in
                    enumerate(spans)]
-        on_team.run([c.calls for c in planned])
+        on_team.run([c.calls for c in planned], slots)
         for c in planned:
             if c.then is not None:
                 c.then()
@@ -261,11 +266,16 @@ def _chunked(p: ConvProblem, scratch, chunk: Callable[..., _Chunk]) -> None:
     _split(p.n, _batch_split(p), work)
 
 
-def _own_scratch(scratch, index: int):
-    """Scratch buffers of chunk `index` alone (a team runs all chunks at once)."""
-    if index == 0:
-        return scratch
+def _own(scratch, index: int):
+    """Scratch keys of chunk `index` alone (what is read after the whole table has run)."""
     return lambda key, shape, dtype="float32": scratch(f"{key}#chunk{index}", shape, dtype)
+
+
+def _slot_scratch(scratch, slot: int):
+    """The scratch of one slot of a team (slot 0's is the op's own)."""
+    if slot == 0:
+        return scratch
+    return lambda key, shape, dtype="float32": scratch(f"{key}#slot{slot}", shape, dtype)
 
 
 # (problem, bias, ReLU, residual, layout, threads) -> what `forward` runs: the plan's layout,

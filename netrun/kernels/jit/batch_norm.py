@@ -20,8 +20,7 @@ import functools
 
 import numpy as np
 
-from netrun.kernels import jit
-from netrun.kernels.jit import kernel, team_kernel
+from netrun.kernels.jit import kernel
 
 # Both float dtypes: the kernels are small, and float64 lets gradient checks run them too.
 DTYPES = (np.dtype("float32"), np.dtype("float64"))
@@ -43,16 +42,6 @@ def prepare(dtype: str = "float32") -> None:
                            f"{x3})")
     relu.prepare(f"void({flat}, {flat})")
     relu_gradient.prepare(f"void({flat}, {flat}, {flat})")
-    # the same on the OpenMP team, one prange iteration per fixed chunk (netrun.kernels.omp)
-    b, lanes4, sums3 = "int64[::1]", "float64[:, :, :, ::1]", "float64[:, :, ::1]"
-    stats_team.prepare(f"void({b}, {x3}, {f64v}, {lanes4}, {sums3})")
-    normalize_team.prepare(f"void({b}, {x3}, {v}, {v}, {v}, {x3}, boolean)")
-    inference_team.prepare(f"void({b}, {x3}, {v}, {v}, {v}, {v}, float64, {x3}, boolean)")
-    gradient_sums_team.prepare(f"void({b}, {x3}, {v}, {x3}, {x3}, boolean, {lanes4}, {sums3})")
-    gradient_input_team.prepare(f"void({b}, {x3}, {v}, {x3}, {x3}, boolean, {v}, {v}, {v}, "
-                                f"boolean, {x3})")
-    relu_team.prepare(f"void({b}, {flat}, {flat})")
-    relu_gradient_team.prepare(f"void({b}, {flat}, {flat}, {flat})")
 
 
 @kernel
@@ -176,61 +165,3 @@ def relu_gradient(y, dy, dx):
     one, zero = dy.dtype.type(1), dy.dtype.type(0)
     for i in range(U(y.shape[0])):
         dx[i] = dy[i] * (one if y[i] > zero else zero)
-
-
-# On the OpenMP team: iteration i of each prange loop is the fixed chunk bounds[i]:bounds[i+1]
-# of the outer axis (of the flat arrays for ReLU), the same slice the worker threads get, so
-# the bits are theirs; partial sums go to row i of lanes and sums, added in order by the caller.
-@team_kernel
-def stats_team(bounds, x, shift, lanes, sums):
-    """`stats` of each chunk: lanes (chunks, 2, C, inner), sums (chunks, 2, C)."""
-    for i in jit.prange(bounds.shape[0] - 1):
-        stats(x[bounds[i]:bounds[i + 1]], shift, lanes[i], sums[i])
-
-
-@team_kernel
-def normalize_team(bounds, x, mean, k, bias, y, relu):
-    """`normalize` chunk by chunk."""
-    for i in jit.prange(bounds.shape[0] - 1):
-        o0, o1 = bounds[i], bounds[i + 1]
-        normalize(x[o0:o1], mean, k, bias, y[o0:o1], relu)
-
-
-@team_kernel
-def inference_team(bounds, x, scale, bias, mean, var, epsilon, y, relu):
-    """`inference` chunk by chunk."""
-    for i in jit.prange(bounds.shape[0] - 1):
-        o0, o1 = bounds[i], bounds[i + 1]
-        inference(x[o0:o1], scale, bias, mean, var, epsilon, y[o0:o1], relu)
-
-
-@team_kernel
-def gradient_sums_team(bounds, x, mean, dy, y, relu, lanes, sums):
-    """`gradient_sums` of each chunk: lanes (chunks, 2, C, inner), sums (chunks, 2, C)."""
-    for i in jit.prange(bounds.shape[0] - 1):
-        o0, o1 = bounds[i], bounds[i + 1]
-        gradient_sums(x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, lanes[i], sums[i])
-
-
-@team_kernel
-def gradient_input_team(bounds, x, mean, dy, y, relu, a, b, k, is_test, dx):
-    """`gradient_input` chunk by chunk."""
-    for i in jit.prange(bounds.shape[0] - 1):
-        o0, o1 = bounds[i], bounds[i + 1]
-        gradient_input(x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, a, b, k, is_test,
-                       dx[o0:o1])
-
-
-@team_kernel
-def relu_team(bounds, x, y):
-    """`relu` chunk by chunk."""
-    for i in jit.prange(bounds.shape[0] - 1):
-        relu(x[bounds[i]:bounds[i + 1]], y[bounds[i]:bounds[i + 1]])
-
-
-@team_kernel
-def relu_gradient_team(bounds, y, dy, dx):
-    """`relu_gradient` chunk by chunk."""
-    for i in jit.prange(bounds.shape[0] - 1):
-        o0, o1 = bounds[i], bounds[i + 1]
-        relu_gradient(y[o0:o1], dy[o0:o1], dx[o0:o1])

@@ -3,10 +3,10 @@
 Each chunk is a list of primitive calls (reorders in, the convolution, reorders out) that
 netrun's worker threads would otherwise run one ctypes call at a time, taking the GIL back
 after each. Here every call is bound first (its packed arguments: netrun.kernels.onednn.api),
-then one compiled kernel runs chunk c's calls in order as iteration c of a `prange` loop on
-Numba's OpenMP team (netrun.kernels.omp), chunk c on its own stream. The primitives were
-built for one thread: inside the team's parallel region oneDNN runs them on the thread that
-calls them, so each chunk computes exactly what it computes on a worker thread.
+then one compiled kernel runs them on Numba's OpenMP team (netrun.kernels.omp): slot w of its
+`prange` loop takes chunks w, w + slots, ... in order, on its own stream, as worker w would.
+The primitives were built for one thread: inside the team's parallel region oneDNN runs them
+on the thread that calls them, so each chunk computes exactly what it does on a worker.
 
 dnnl_primitive_execute is reached from the compiled kernel by name: its address is given to
 LLVM's symbol table once per process before the kernel is compiled or loaded from Numba's
@@ -40,25 +40,28 @@ def prepare() -> None:
     globals()["_dnnl_primitive_execute"] = types.ExternalFunction(
         "dnnl_primitive_execute", types.int32(types.uint64, types.uint64, types.int32,
                                               types.uint64))
-    execute_table.prepare("void(int64[::1], uint64[::1], int32[::1], uint64[::1], "
+    execute_table.prepare("void(int64, int64[::1], uint64[::1], int32[::1], uint64[::1], "
                           "uint64[::1], int32[::1])")
 
 
 @team_kernel
-def execute_table(starts, primitives, counts, arguments, streams, status):
-    """Chunk c runs rows starts[c]:starts[c+1] in order on streams[c]: status[j] =
-    dnnl_primitive_execute(primitives[j], streams[c], counts[j], arguments[j]); a chunk stops
-    at its first failure."""
-    for c in jit.prange(starts.shape[0] - 1):
-        for j in range(starts[c], starts[c + 1]):
-            status[j] = _dnnl_primitive_execute(primitives[j], streams[c], counts[j],  # noqa: F821
-                                                arguments[j])
-            if status[j] != 0:
-                break
+def execute_table(slots, starts, primitives, counts, arguments, streams, status):
+    """Slot w runs chunks w, w + slots, ... in order on streams[w]; chunk c is rows
+    starts[c]:starts[c+1]: status[j] = dnnl_primitive_execute(primitives[j], streams[w],
+    counts[j], arguments[j]). A chunk stops at its first failure."""
+    for w in jit.prange(slots):
+        for c in range(w, starts.shape[0] - 1, slots):
+            for j in range(starts[c], starts[c + 1]):
+                status[j] = _dnnl_primitive_execute(primitives[j], streams[w],  # noqa: F821
+                                                    counts[j], arguments[j])
+                if status[j] != 0:
+                    break
 
 
-def run(chunks: Sequence[Sequence[Step]]) -> None:
-    """Each chunk's steps in order, the chunks side by side on the OpenMP team."""
+def run(chunks: Sequence[Sequence[Step]], slots: int) -> None:
+    """Each chunk's steps in order, on a team of `slots` threads (omp.team_size): chunk c on
+    slot c % slots, whose scratch its steps use (netrun.kernels.parallel.chunk_scratch's
+    rule), after the slot's chunks before it."""
     prepare()
     lib = api.get()
     rows = [(prim, args) for steps in chunks for prim, args in steps]
@@ -67,9 +70,8 @@ def run(chunks: Sequence[Sequence[Step]]) -> None:
     primitives = np.array([prim.handle.value for prim, _ in rows], dtype=np.uint64)
     counts = np.array([len(args) for _, args in rows], dtype=np.int32)
     arguments = np.array([ctypes.addressof(p) for p in packed], dtype=np.uint64)
-    streams = np.array(lib.streams(len(chunks)), dtype=np.uint64)
+    streams = np.array(lib.streams(slots), dtype=np.uint64)
     status = np.zeros(len(rows), dtype=np.int32)
-    omp.launch(execute_table, len(chunks), starts, primitives, counts, arguments, streams,
-               status)
+    omp.launch(execute_table, slots, starts, primitives, counts, arguments, streams, status)
     for (prim, _), code in zip(rows, status):
         lib.check(int(code), f"primitive_execute ({prim.impl}, on the team)")
