@@ -1,0 +1,86 @@
+"""netrun.kernels.omp: when fixed chunks may run on the OpenMP team, and how GNU OpenMP is
+loaded. The team's results are checked against the worker threads' in
+tests/algos/test_onednn.py (oneDNN's chunks) and tests/test_determinism.py."""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+from netrun.kernels import jit, omp, parallel
+
+
+class _Loader:
+    """ctypes.CDLL stand-in: records what the environment said when libgomp was loaded."""
+
+    def __init__(self, loaded: bool):
+        self.loaded, self.seen = loaded, []
+
+    def __call__(self, name, mode=0):
+        if mode == os.RTLD_NOLOAD:
+            if not self.loaded:
+                raise OSError("not loaded")
+            return object()
+        self.seen.append((name, os.environ.get("GOMP_SPINCOUNT")))
+        self.loaded = True
+        return object()
+
+
+def _clean_env(monkeypatch):
+    for var in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_first_to_load_it_loads_libgomp_with_netruns_spin_and_puts_the_environment_back(
+        monkeypatch):
+    _clean_env(monkeypatch)
+    loader = _Loader(loaded=False)
+    monkeypatch.setattr(ctypes, "CDLL", loader)
+    omp.load_runtime()
+    assert loader.seen == [(omp.LIBGOMP, omp.SPIN_COUNT)]
+    assert "GOMP_SPINCOUNT" not in os.environ
+
+
+def test_a_libgomp_loaded_already_keeps_its_settings(monkeypatch):
+    _clean_env(monkeypatch)
+    loader = _Loader(loaded=True)
+    monkeypatch.setattr(ctypes, "CDLL", loader)
+    omp.load_runtime()
+    assert loader.seen == [] and "GOMP_SPINCOUNT" not in os.environ
+
+
+@pytest.mark.parametrize("var,value", [("OMP_WAIT_POLICY", "passive"),
+                                       ("GOMP_SPINCOUNT", "1000000")])
+def test_the_users_openmp_settings_win(var, value, monkeypatch):
+    _clean_env(monkeypatch)
+    monkeypatch.setenv(var, value)
+    loader = _Loader(loaded=False)
+    monkeypatch.setattr(ctypes, "CDLL", loader)
+    omp.load_runtime()
+    assert loader.seen == [] and os.environ[var] == value
+
+
+def test_switched_off_or_without_the_compiled_engine_the_workers_take_the_chunks(monkeypatch):
+    monkeypatch.setenv(omp.ENV, "off")
+    assert not omp.usable(np)
+    monkeypatch.delenv(omp.ENV)
+    with jit.disabled():
+        assert not omp.usable(np)
+    assert not omp.usable(object())   # another array module (CuPy) never
+
+
+def test_team_size_is_the_thread_count_capped_by_the_chunks_and_one_when_nested(monkeypatch):
+    if not omp.usable(np):
+        pytest.skip("Numba's OpenMP threading layer is not available here")
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    assert omp.team_size(4) == 2 and omp.team_size(1) == 1
+    monkeypatch.setattr(parallel, "in_chunk", lambda: True)
+    assert omp.team_size(4) == 1
+
+
+def test_bounds_are_the_worker_threads_chunks():
+    spans = parallel.chunk_bounds(37, work=37 << 20)
+    bounds = omp.bounds(37, work=37 << 20)
+    assert [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])] == spans
