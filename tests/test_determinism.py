@@ -103,6 +103,9 @@ PROBLEMS = {   # per algorithm: a float32 problem it applies to, big enough for 
     # one image: the forward pass is one call on an OpenMP team of the thread count
     "onednn@batch1": ConvProblem(1, 6, 9, 8, 40, 3, 3, 1, 1, 1, 0, 2, 1),
     "onednn@batch1_1x1": ConvProblem(1, 16, 9, 8, 40, 1, 1),
+    # 128+ channels: the forward pass runs oneDNN's BRGEMM kernels, on a team for one image
+    "onednn@batch1_brgemm": ConvProblem(1, 128, 9, 8, 128, 3, 3, 1, 1, 1, 1, 1, 1),
+    "onednn@brgemm": ConvProblem(4, 128, 9, 8, 128, 3, 3, 2, 2, 1, 1, 1, 1),
     "onednn@batch1_strided_dilated": ConvProblem(1, 8, 9, 8, 16, 3, 3, 2, 2, 1, 1, 1, 1, 2, 2),
     "onednn@batch1_depthwise": ConvProblem(1, 8, 9, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, group=8),
     # grouped: no direct kernel takes a team, so the channel split's fallback (one call)

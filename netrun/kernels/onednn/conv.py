@@ -258,7 +258,7 @@ def _geometry(s: ConvSpec) -> tuple:
 
 
 def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bool,
-                layout: Layout = NCHW):
+                layout: Layout = NCHW, kind: str | None = None):
     mds = _any_mds(lib, s, plain, layout)
     add = None
     if layout.add_dst:   # the residual has the destination's shape and netrun's layout
@@ -266,27 +266,28 @@ def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bo
     attr = api.Attr(lib, relu=relu, add=add)
     pd = api.create_pd(
         lib, "dnnl_convolution_forward_primitive_desc_create", lib.engine,
-        lib.enums.prop[_forward_kind(s, layout)], lib.enums.alg["convolution_direct"],
+        lib.enums.prop[kind or _forward_kind(s)], lib.enums.alg["convolution_direct"],
         mds["src"].handle, mds["weights"].handle, mds["bias"].handle if bias else None,
         mds["dst"].handle, *_geometry(s), attr.handle, what="convolution forward")
     return pd
 
 
-# Channels (per group, both ways) from which a blocked convolution larger than 1×1 is built
-# for inference: oneDNN then picks its BRGEMM kernels, which won from 128 channels on and lost
-# below (AVX2; see _forward_kind).
+# Channels (per group, both ways) from which a convolution larger than 1×1 runs its forward
+# pass on oneDNN's BRGEMM kernels (see _forward_kind): they won from 128 channels on and lost
+# below (AVX2).
 BRGEMM_MIN_CHANNELS = 128
 
 
-def _forward_kind(s: ConvSpec, layout: Layout) -> str:
-    """oneDNN's propagation kind of a forward pass. Blocked arrays are planned for inference
-    nets only; built for inference, a kernel larger than 1×1 runs on oneDNN's BRGEMM kernels,
-    which on AVX2 ran ResNet-50's 3×3 layers of 256 and 512 channels 16-30% faster (the whole
-    net 7% at batch 8) but its 64-channel ones and ResNet-20's up to 10% slower, and its 1×1
-    layers 2× slower. Training passes need forward_training: their backward primitives take
-    the forward one as a hint."""
+def _forward_kind(s: ConvSpec) -> str:
+    """oneDNN's propagation kind of a forward pass. Built for inference, a kernel larger than
+    1×1 runs on oneDNN's BRGEMM kernels, which on AVX2 ran ResNet-50's blocked 3×3 layers of
+    256 and 512 channels 16-30% faster (the whole net 7% at batch 8) and the NCHW 3×3 stride-2
+    layer of 128 channels at batch 32 (bench_cpu's shape c) 8-12% faster, but 64-channel
+    layers and ResNet-20's up to 10% slower, and 1×1 layers 2× slower. The forward pass
+    computes the same either way; a training net's backward primitives are built with a
+    forward_training hint of their own (`build`)."""
     wide = min(s.c, s.k) // s.groups >= BRGEMM_MIN_CHANNELS
-    inference = (layout.x_block or layout.y_block) and s.kh * s.kw > 1 and wide
+    inference = s.kh * s.kw > 1 and wide
     return "forward_inference" if inference else "forward_training"
 
 
@@ -300,7 +301,8 @@ def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
         raise api.OneDNNError(f"a {direction} plan in layout {layout}: blocked layouts are "
                               f"planned for inference (forward) only")
     user = _user_mds(lib, s, layout)
-    hint = _forward_pd(lib, s, bias, relu and direction == "forward", plain, layout)
+    hint = _forward_pd(lib, s, bias, relu and direction == "forward", plain, layout,
+                       None if direction == "forward" else "forward_training")
     if hint is None:
         return None
     if direction == "forward":
