@@ -9,9 +9,11 @@ Threads and determinism (same bits on any thread count, checked in tests/test_de
 oneDNN's results can depend on its thread count: its filter gradient sums the batch across
 threads, and its GEMM-based kernels (small or grouped layers) split sums too. So the
 gradients, and a forward pass big enough to cut, run the fixed batch chunks of
-netrun.kernels.parallel (they depend on the problem, never on the thread count), one
-single-threaded oneDNN call per chunk on netrun's workers; forward and data-gradient chunks
-write their own images, and the chunks' partial dW and db are summed in chunk order.
+netrun.kernels.parallel (they depend on the problem, never on the thread count), each
+chunk's calls single-threaded; forward and data-gradient chunks write their own images, and
+the chunks' partial dW and db are summed in chunk order. With Numba's OpenMP layer all the
+chunks of a pass run as one GIL-free call on an OpenMP team (netrun.kernels.onednn.team,
+`_chunked`); otherwise each on one of netrun's worker threads.
 
 The forward pass of one image is one call instead, on an OpenMP team of netrun's thread
 count, when the primitive is one of oneDNN's direct JIT kernels (`TEAM_KERNELS`): those
