@@ -409,10 +409,17 @@ def test_memory_objects_are_reused_while_the_buffers_stay_and_evicted_when_they_
 
 @needs_onednn
 @pytest.mark.parametrize("batch", [1, 8])
-def test_binding_builds_the_primitives_the_first_run_needs(batch):
+def test_binding_builds_the_primitives_the_first_run_needs(batch, monkeypatch):
     """The bind-time warm-up compiles oneDNN's primitives for the real batch's chunk sizes
-    (forward with its bias and ReLU, both gradients), so running builds none."""
+    (forward with its bias and ReLU, both gradients), and the OpenMP team's kernel where the
+    chunks run on it, so running builds none."""
+    from netrun.kernels import omp
     from netrun.kernels.onednn import conv as engine
+    from netrun.kernels.onednn import team
+
+    prepared = []
+    real = team.prepare
+    monkeypatch.setattr(team, "prepare", lambda: prepared.append(1) or real())
 
     ws = netrun.Workspace()
     rng = np.random.default_rng(0)
@@ -427,6 +434,7 @@ def test_binding_builds_the_primitives_the_first_run_needs(batch):
     ws.create_net(netrun.NetDef("n", [conv, *grad]))   # binds: plans memory, warms up
     bound = len(engine._PLANS)
     assert bound > before
+    assert bool(prepared) == (batch > 1 and omp.usable(np))   # batch 8: two chunks
     ws.run_net("n")
     assert len(engine._PLANS) == bound
 

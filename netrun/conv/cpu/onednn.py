@@ -99,7 +99,8 @@ class OneDNNConv(ConvAlgorithm):
 
     def prepare(self, p, direction, bias=False, relu=False, layout=engine.NCHW,
                 residual=False):
-        """Compile the primitives of every chunk size this pass will run (at bind)."""
+        """Compile the primitives of every chunk size this pass will run, and the team's
+        kernel where its chunks run on one (at bind)."""
         if not self.applicable(p):
             return
         name = {"backward_filter": "backward_weights"}.get(direction, direction)
@@ -107,10 +108,13 @@ class OneDNNConv(ConvAlgorithm):
             layout, relu, team = _resolve(p, bias, relu, residual, layout)
             if team is not None:
                 return
-        parts = [replace(p, n=n1 - n0) for n0, n1 in _batch_spans(p)]
+        spans = _batch_spans(p)
+        parts = [replace(p, n=n1 - n0) for n0, n1 in spans]
         for part in {q: None for q in parts}:   # each chunk size once, in order
             engine.plan(spec(part), name, 1, bias and direction != "backward_data",
                         relu and direction == "forward", layout=layout)
+        if len(spans) > 1 and omp.usable(np):
+            on_team.prepare()
 
     def forward(self, xp, x, w, p, out, scratch, bias=None, relu=False, filters=None,
                 residual=None, layout=engine.NCHW):
