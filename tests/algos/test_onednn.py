@@ -236,6 +236,23 @@ def test_a_failed_call_names_the_status():
     assert bad.size == 24
 
 
+@needs_onednn
+def test_a_call_failing_on_the_team_names_the_status_and_the_kernel():
+    """A status other than success from inside the compiled team kernel is an error that
+    names it, as a failed ctypes call is (here: a null primitive, which oneDNN refuses)."""
+    from types import SimpleNamespace
+
+    from netrun.kernels import omp
+    from netrun.kernels.onednn import api, team
+
+    if not omp.usable(np):
+        pytest.skip("Numba's OpenMP threading layer is not available here")
+    null = SimpleNamespace(handle=SimpleNamespace(value=0), impl="null primitive",
+                           bound=lambda args: (api.ExecArg * 1)())
+    with pytest.raises(api.OneDNNError, match=r"null primitive, on the team.*invalid_arg"):
+        team.run([[(null, [])], [(null, [])]], 2)
+
+
 def test_a_missing_library_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(library, "_LOADED", {})
     monkeypatch.setattr(library, "candidates", lambda: ["/nonexistent/libdnnl.so.3",

@@ -89,13 +89,13 @@ class OneDNNConv(ConvAlgorithm):
 
     def workspace_bytes(self, p: ConvProblem) -> int:
         # blocked copies of x, y (or dY) and w, channels padded to a block of 16, and per
-        # chunk thread a partial filter gradient; oneDNN's scratchpad comes on top
+        # batch chunk after the first a partial filter gradient (kept until the commits run
+        # in chunk order); oneDNN's scratchpad comes on top
         def pad(c):
             return -(-c // 16) * 16
         x, y = p.n * pad(p.c) * p.h * p.w, p.n * pad(p.k) * p.oh * p.ow
         w = pad(p.k) * pad(p.cg) * p.kh * p.kw
-        threads = min(parallel.thread_count(), CHUNKS)
-        return (x + y + w * (1 + threads)) * p.itemsize
+        return (x + y + w * len(_batch_spans(p))) * p.itemsize
 
     def prepare(self, p, direction, bias=False, relu=False, layout=engine.NCHW,
                 residual=False):
@@ -252,8 +252,9 @@ def _chunked(p: ConvProblem, scratch, chunk: Callable[..., _Chunk]) -> None:
     spans = _batch_spans(p)
     if len(spans) > 1 and omp.usable(np) and not parallel.in_chunk():
         slots = omp.team_size(len(spans))
-        planned = [chunk(i, n0, n1, _slot_scratch(scratch, i % slots)) for i, (n0, n1) in
-                   enumerate(spans)]
+        # slot w's scratch is worker w's (slot < slots <= the thread count)
+        planned = [chunk(i, n0, n1, parallel.chunk_scratch(scratch, i % slots))
+                   for i, (n0, n1) in enumerate(spans)]
         on_team.run([c.calls for c in planned], slots)
         for c in planned:
             if c.then is not None:
@@ -276,12 +277,6 @@ def _own(scratch, index: int):
     """Scratch keys of chunk `index` alone (what is read after the whole table has run)."""
     return lambda key, shape, dtype="float32": scratch(f"{key}#chunk{index}", shape, dtype)
 
-
-def _slot_scratch(scratch, slot: int):
-    """The scratch of one slot of a team (slot 0's is the op's own)."""
-    if slot == 0:
-        return scratch
-    return lambda key, shape, dtype="float32": scratch(f"{key}#slot{slot}", shape, dtype)
 
 
 # (problem, bias, ReLU, residual, layout, threads) -> what `forward` runs: the plan's layout,

@@ -130,8 +130,8 @@ class Library:
         return s
 
     def streams(self, count: int) -> list[int]:
-        """`count` streams of this thread, one per batch chunk that a team runs side by side
-        (netrun.kernels.onednn.team), as addresses."""
+        """`count` streams of this thread, one per slot of an OpenMP team running batch
+        chunks side by side (netrun.kernels.onednn.team), as addresses."""
         found = getattr(self._streams, "team", None)
         if found is None:
             found = self._streams.team = []

@@ -73,5 +73,6 @@ def run(chunks: Sequence[Sequence[Step]], slots: int) -> None:
     streams = np.array(lib.streams(slots), dtype=np.uint64)
     status = np.zeros(len(rows), dtype=np.int32)
     omp.launch(execute_table, slots, starts, primitives, counts, arguments, streams, status)
-    for (prim, _), code in zip(rows, status):
-        lib.check(int(code), f"primitive_execute ({prim.impl}, on the team)")
+    if status.any():
+        j = int(np.flatnonzero(status)[0])
+        lib.check(int(status[j]), f"primitive_execute ({rows[j][0].impl}, on the team)")
