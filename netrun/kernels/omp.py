@@ -6,9 +6,10 @@ a wake costs ~0.1 ms, and ResNet-20's training step ran only 1.02-1.11× faster 
 than on one. A team kernel (netrun.kernels.jit.team_kernel) runs the same chunks instead as
 the iterations of one compiled `prange` loop on Numba's OpenMP threading layer, on the
 libgomp that oneDNN uses too (netrun.kernels.onednn.team runs oneDNN's convolution chunks
-that way): slot w of the loop takes chunks w, w + slots, ... with slot w's scratch, as worker
-w would. The bits stay those of the worker threads: a chunk is the same slice on any thread,
-and the chunks' partial sums are added by the caller in chunk order after the call.
+that way, and batch norm and ReLU theirs: netrun.kernels.batch_norm): slot w of the loop
+takes chunks w, w + slots, ... with slot w's scratch, as worker w would. The bits stay
+those of the worker threads: a chunk is the same slice on any thread, and the chunks'
+partial sums are added by the caller in chunk order after the call.
 
 Used only where it is safe: Numba's OpenMP layer (safe for launches from several Python
 threads at once; its `workqueue` fallback is not), asked for ahead of TBB unless the user chose
@@ -18,7 +19,7 @@ thread's chunk runs on that thread alone.
 The team's idle threads spin before they sleep: libgomp's default is 300,000 rounds (~3 ms
 by its own estimate; 7 ms of CPU per call measured here), during which they hold the cores
 that netrun's worker threads need for the ops that still run there (compiled Winograd, the
-GEMM algorithms, batch norm). With 10,000 (`SPIN_COUNT`, ~0.5 ms measured) ResNet-20's
+GEMM algorithms, pooling). With 10,000 (`SPIN_COUNT`, ~0.5 ms measured) ResNet-20's
 training step at batch 128 ran ~10% faster, while a batch-1 pass, whose convolutions start
 the team again every ~50 µs, still finds it spinning (with no spin it took 2-3× as long).
 libgomp reads its settings once, when it is loaded, so `load_runtime` loads it first with
@@ -123,6 +124,16 @@ def launch(kernel: jit.Kernel, slots: int, *args) -> Any:
     if numba.get_num_threads() != slots:   # Numba keeps the count per calling thread
         numba.set_num_threads(slots)
     return kernel(slots, *args)
+
+
+def team(xp: Any, n: int, work: int = 0, block: int = 1) -> tuple[int, np.ndarray] | None:
+    """(slots, `bounds`) where parallel.chunks' chunks of range(n) for these arguments would
+    run on the team (more than one chunk, `usable`, not nested in a chunk); None: they run
+    the workers' way."""
+    if parallel.chunk_count(n, work, block) < 2 or parallel.in_chunk() or not usable(xp):
+        return None
+    starts = bounds(n, work, block)
+    return team_size(starts.shape[0] - 1), starts
 
 
 def bounds(n: int, work: int = 0, block: int = 1) -> np.ndarray:

@@ -1,13 +1,13 @@
 """ReLU and its gradient over whole arrays: compiled and threaded on netrun's fixed chunks
 where the engine is there (netrun.kernels.jit.batch_norm holds the loops, beside the
-batch-norm ones that fuse them), NumPy's (or CuPy's) ufuncs otherwise. No sums, so the
-bits never depend on the partition."""
+batch-norm ones that fuse them), on the OpenMP team where it runs (netrun.kernels.omp),
+NumPy's (or CuPy's) ufuncs otherwise. No sums, so the bits never depend on the partition."""
 from __future__ import annotations
 
 from typing import Any
 
 import netrun.kernels.jit.batch_norm as jit_bn
-from netrun.kernels import jit, parallel
+from netrun.kernels import jit, omp, parallel
 
 
 def _compiled(xp: Any, *arrays) -> bool:
@@ -19,8 +19,13 @@ def relu(xp: Any, X, Y):
     """Y = max(X, 0) (Y may be X); returns Y."""
     if _compiled(xp, X, Y):
         x, y = X.reshape(-1), Y.reshape(-1)
-        parallel.chunks(xp, x.size, lambda _i, i0, i1: jit_bn.relu(x[i0:i1], y[i0:i1]),
-                        work=x.size)
+        team = omp.team(xp, x.size, x.size)
+        if team is not None:
+            jit_bn.prepare_team()
+            omp.launch(jit_bn.relu_team, *team, x, y)
+        else:
+            parallel.chunks(xp, x.size, lambda _i, i0, i1: jit_bn.relu(x[i0:i1], y[i0:i1]),
+                            work=x.size)
     else:
         xp.maximum(X, 0, out=Y)
     return Y
@@ -36,8 +41,13 @@ def relu_gradient(xp: Any, Y, dY, dX):
     """dX = dY·(Y > 0) (dX may be dY; NaN·0 stays NaN, as in NumPy); returns dX."""
     if _compiled(xp, Y, dY, dX):
         y, dy, dx = Y.reshape(-1), dY.reshape(-1), dX.reshape(-1)
-        parallel.chunks(xp, y.size, lambda _i, i0, i1: jit_bn.relu_gradient(
-            y[i0:i1], dy[i0:i1], dx[i0:i1]), work=y.size)
+        team = omp.team(xp, y.size, y.size)
+        if team is not None:
+            jit_bn.prepare_team()
+            omp.launch(jit_bn.relu_gradient_team, *team, y, dy, dx)
+        else:
+            parallel.chunks(xp, y.size, lambda _i, i0, i1: jit_bn.relu_gradient(
+                y[i0:i1], dy[i0:i1], dx[i0:i1]), work=y.size)
     else:
         xp.multiply(dY, Y > 0, out=dX)
     return dX

@@ -12,6 +12,7 @@ from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
 from netrun.kernels import batch_norm as bn
+from netrun.kernels import omp
 from netrun.ops.common import input_cost, same_as_input
 from netrun.proto.defs import NetDef
 
@@ -274,9 +275,12 @@ def synchronized(net: NetDef) -> NetDef:
 
 @register_preparer("SpatialBN", "SpatialBNGradient", "SpatialBNRelu", "SpatialBNReluGradient")
 def _prepare(ctx) -> None:
-    """Load the compiled float32 kernels at bind time (not in the first iteration)."""
+    """Load the compiled float32 kernels at bind time (not in the first iteration), their
+    team forms too where chunks run on the OpenMP team."""
     if jit.enabled(ctx.xp):
         jit_bn.prepare("float32")
+        if omp.usable(ctx.xp):
+            jit_bn.prepare_team("float32")
 
 
 # LRN -------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import netrun
 from netrun.core.schema import TensorSpec
 from netrun.core.shape_inference import infer_op
 from netrun.errors import ShapeError
-from netrun.kernels import jit, parallel
+from netrun.kernels import jit, omp, parallel
 from tests.checks import F, checks_ops, requires_torch, torch
 from tests.opcheck import check_gradient, netrun_forward_backward, run_op
 
@@ -217,6 +217,33 @@ def test_compiled_passes_give_the_same_bits_on_any_thread_count(order, monkeypat
     for other in results[1:]:
         for i, (a, b) in enumerate(zip(results[0], other)):
             np.testing.assert_array_equal(a, b, err_msg=f"output {i}")
+
+
+@needs_numba
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("is_test", [0, 1])
+def test_passes_on_the_openmp_team_give_the_worker_threads_bits(order, is_test, monkeypatch):
+    if not omp.usable(np):
+        pytest.skip("Numba's OpenMP threading layer does not load here")
+    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)      # several chunks even when small
+    monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    rng = np.random.default_rng(7)
+    shape = (16, 3, 5, 5) if order == "NCHW" else (16, 5, 5, 3)
+    inp = _inputs(rng, shape, order, np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    launched, launch = [], omp.launch
+    monkeypatch.setattr(omp, "launch", lambda k, *a: launched.append(k.__name__) or launch(k, *a))
+    on_team = _run_all(inp, dy, order, is_test)
+    passes = {"inference_team"} if is_test else {"stats_team", "normalize_team",
+                                                 "gradient_sums_team"}
+    assert passes | {"gradient_input_team", "relu_team", "relu_gradient_team"} <= set(launched)
+    launched.clear()
+    monkeypatch.setenv(omp.ENV, "off")
+    on_workers = _run_all(inp, dy, order, is_test)
+    assert not launched
+    for i, (a, b) in enumerate(zip(on_team, on_workers)):
+        np.testing.assert_array_equal(a, b, err_msg=f"output {i}")
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -20,7 +20,8 @@ import functools
 
 import numpy as np
 
-from netrun.kernels.jit import kernel
+import netrun.kernels.jit as jit
+from netrun.kernels.jit import kernel, team_kernel
 
 # Both float dtypes: the kernels are small, and float64 lets gradient checks run them too.
 DTYPES = (np.dtype("float32"), np.dtype("float64"))
@@ -42,6 +43,23 @@ def prepare(dtype: str = "float32") -> None:
                            f"{x3})")
     relu.prepare(f"void({flat}, {flat})")
     relu_gradient.prepare(f"void({flat}, {flat}, {flat})")
+
+
+@functools.cache
+def prepare_team(dtype: str = "float32") -> None:
+    """Compile (or load) the team forms of the kernels (`*_team`) for `dtype` arrays."""
+    x3, v, lanes4 = f"{dtype}[:, :, ::1]", f"{dtype}[::1]", "float64[:, :, :, ::1]"
+    flat, f64v, sums3 = f"{dtype}[::1]", "float64[::1]", "float64[:, :, ::1]"
+    team = "int64, int64[::1]"
+    stats_team.prepare(f"void({team}, {x3}, {f64v}, {lanes4}, {sums3})")
+    normalize_team.prepare(f"void({team}, {x3}, {v}, {v}, {v}, {x3}, boolean)")
+    inference_team.prepare(f"void({team}, {x3}, {v}, {v}, {v}, {v}, float64, {x3}, boolean)")
+    gradient_sums_team.prepare(f"void({team}, {x3}, {v}, {x3}, {x3}, boolean, {lanes4}, "
+                               f"{sums3})")
+    gradient_input_team.prepare(f"void({team}, {x3}, {v}, {x3}, {x3}, boolean, {v}, {v}, "
+                                f"{v}, boolean, {x3})")
+    relu_team.prepare(f"void({team}, {flat}, {flat})")
+    relu_gradient_team.prepare(f"void({team}, {flat}, {flat}, {flat})")
 
 
 @kernel
@@ -165,3 +183,69 @@ def relu_gradient(y, dy, dx):
     one, zero = dy.dtype.type(1), dy.dtype.type(0)
     for i in range(U(y.shape[0])):
         dx[i] = dy[i] * (one if y[i] > zero else zero)
+
+
+# The same kernels over fixed chunks on the OpenMP team (netrun.kernels.omp): the loop's slot
+# w runs chunks w, w + slots, ... (rows starts[c]:starts[c+1] of the outer axis) with slot
+# w's lanes, as worker w does; per-chunk sums go to sums[c] for the caller to add in chunk
+# order. So the bits are those of the worker threads.
+@team_kernel
+def stats_team(slots, starts, x, shift, lanes, sums):
+    """`stats` of chunk c into sums[c] (lanes: (slots, 2, C, inner))."""
+    for w in jit.prange(slots):
+        for c in range(w, starts.shape[0] - 1, slots):
+            stats(x[starts[c]:starts[c + 1]], shift, lanes[w], sums[c])
+
+
+@team_kernel
+def normalize_team(slots, starts, x, mean, k, bias, y, relu):
+    """`normalize` chunk by chunk."""
+    for w in jit.prange(slots):
+        for c in range(w, starts.shape[0] - 1, slots):
+            a, b = starts[c], starts[c + 1]
+            normalize(x[a:b], mean, k, bias, y[a:b], relu)
+
+
+@team_kernel
+def inference_team(slots, starts, x, scale, bias, mean, var, epsilon, y, relu):
+    """`inference` chunk by chunk."""
+    for w in jit.prange(slots):
+        for c in range(w, starts.shape[0] - 1, slots):
+            a, b = starts[c], starts[c + 1]
+            inference(x[a:b], scale, bias, mean, var, epsilon, y[a:b], relu)
+
+
+@team_kernel
+def gradient_sums_team(slots, starts, x, mean, dy, y, relu, lanes, sums):
+    """`gradient_sums` of chunk c into sums[c] (lanes: (slots, 2, C, inner))."""
+    for w in jit.prange(slots):
+        for c in range(w, starts.shape[0] - 1, slots):
+            a, b = starts[c], starts[c + 1]
+            gradient_sums(x[a:b], mean, dy[a:b], y[a:b], relu, lanes[w], sums[c])
+
+
+@team_kernel
+def gradient_input_team(slots, starts, x, mean, dy, y, relu, a_, b_, k, is_test, dx):
+    """`gradient_input` chunk by chunk."""
+    for w in jit.prange(slots):
+        for c in range(w, starts.shape[0] - 1, slots):
+            a, b = starts[c], starts[c + 1]
+            gradient_input(x[a:b], mean, dy[a:b], y[a:b], relu, a_, b_, k, is_test, dx[a:b])
+
+
+@team_kernel
+def relu_team(slots, starts, x, y):
+    """`relu` chunk by chunk (flat arrays)."""
+    for w in jit.prange(slots):
+        for c in range(w, starts.shape[0] - 1, slots):
+            a, b = starts[c], starts[c + 1]
+            relu(x[a:b], y[a:b])
+
+
+@team_kernel
+def relu_gradient_team(slots, starts, y, dy, dx):
+    """`relu_gradient` chunk by chunk (flat arrays)."""
+    for w in jit.prange(slots):
+        for c in range(w, starts.shape[0] - 1, slots):
+            a, b = starts[c], starts[c + 1]
+            relu_gradient(y[a:b], dy[a:b], dx[a:b])
