@@ -203,6 +203,44 @@ def test_chunks_on_the_openmp_team_give_the_worker_threads_bits(threads, monkeyp
     np.testing.assert_allclose(on_team[1], want, rtol=1e-4, atol=1e-4)
 
 
+@needs_onednn
+def test_a_team_call_binding_more_argument_sets_than_a_primitive_keeps(monkeypatch):
+    """Every call of a team run is bound before any runs: a primitive used by more chunks
+    than the argument sets it keeps (Primitive.BOUND) must not release the first chunks'
+    memory objects while binding the last (it did: a crash, or another chunk's arrays)."""
+    from netrun.conv.cpu import onednn as onednn_conv
+    from netrun.kernels import omp
+    from netrun.kernels.onednn import api
+
+    if not omp.usable(np):
+        pytest.skip("Numba's OpenMP threading layer is not available here")
+    monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)
+    monkeypatch.setattr(onednn_conv, "CHUNK_FLOPS", 1)
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    monkeypatch.setattr(api.Primitive, "BOUND", 1)
+    p = ConvProblem(8, 16, 9, 9, 16, 3, 3, 1, 1, 1, 1, 1, 1)   # 4 equal chunks
+    rng = np.random.default_rng(8)
+    x, w, dy = (rng.standard_normal(s).astype(np.float32) for s in
+                ((p.n, p.c, p.h, p.w), (p.k, p.cg, p.kh, p.kw), (p.n, p.k, p.oh, p.ow)))
+
+    def run() -> list[np.ndarray]:
+        scratch = netrun.Workspace().scratch
+        out = [np.full(dy.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32),
+               np.full(w.shape, np.nan, np.float32)]
+        ALGO.forward(np, x, w, p, out[0], scratch)
+        ALGO.backward(np, x, dy, w, p, out[1], out[2], scratch)
+        return out
+
+    on_team = run()
+    monkeypatch.setenv("NETRUN_OMP", "off")
+    on_workers = run()
+    for i, (a, c) in enumerate(zip(on_team, on_workers)):
+        assert np.array_equal(a, c), f"output {i}: the team and the worker threads differ"
+    y_ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), (1, 1), (1, 1, 1, 1),
+                        (1, 1), 1)
+    np.testing.assert_allclose(on_team[0], y_ref, rtol=1e-4, atol=1e-4)
+
+
 # The library ----------------------------------------------------------------------------------
 @needs_onednn
 def test_enum_values_are_found_by_name():
@@ -247,7 +285,7 @@ def test_a_call_failing_on_the_team_names_the_status_and_the_kernel():
 
     if not omp.usable(np):
         pytest.skip("Numba's OpenMP threading layer is not available here")
-    null = SimpleNamespace(handle=SimpleNamespace(value=0), impl="null primitive",
+    null = SimpleNamespace(handle=SimpleNamespace(value=0), impl="null primitive", BOUND=16,
                            bound=lambda args: (api.ExecArg * 1)())
     with pytest.raises(api.OneDNNError, match=r"null primitive, on the team.*invalid_arg"):
         team.run([[(null, [])], [(null, [])]], 2)

@@ -12,6 +12,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_int64, c_size_t, c_uint, c_void_p
+from functools import partial
 
 from netrun.errors import InternalError
 from netrun.kernels.onednn import enums, library
@@ -262,6 +263,13 @@ class Primitive:
                 self._release(bound.pop(next(iter(bound))))
         bound[key] = entry   # most recent last
         return entry[0]
+
+    def bound_once(self, args: Sequence[tuple[int, MemoryDesc, int]]):
+        """(packed array, release): `bound` for a call that needs more of this primitive's
+        argument sets alive at once than BOUND keeps (a team call over many batch chunks);
+        release() destroys their memory objects after the call."""
+        entry = self._bind(args)
+        return entry[0], partial(self._release, entry)
 
     def _bind(self, args) -> tuple:
         """(packed dnnl_exec_arg_t array, memory handles, layouts) for one argument set."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -66,13 +67,27 @@ def run(chunks: Sequence[Sequence[Step]], slots: int) -> None:
     lib = api.get()
     rows = [(prim, args) for steps in chunks for prim, args in steps]
     starts = np.cumsum([0] + [len(steps) for steps in chunks], dtype=np.int64)
-    packed = [prim.bound(args) for prim, args in rows]   # kept alive until the call returns
+    # kept alive until the call returns: a primitive used more often than it keeps bound
+    # argument sets would otherwise release the first ones while binding the last
+    uses = Counter(id(prim) for prim, _ in rows)
+    packed, releases = [], []
+    for prim, args in rows:
+        if uses[id(prim)] > prim.BOUND:
+            one, release = prim.bound_once(args)
+            packed.append(one)
+            releases.append(release)
+        else:
+            packed.append(prim.bound(args))
     primitives = np.array([prim.handle.value for prim, _ in rows], dtype=np.uint64)
     counts = np.array([len(args) for _, args in rows], dtype=np.int32)
     arguments = np.array([ctypes.addressof(p) for p in packed], dtype=np.uint64)
     streams = np.array(lib.streams(slots), dtype=np.uint64)
     status = np.zeros(len(rows), dtype=np.int32)
-    omp.launch(execute_table, slots, starts, primitives, counts, arguments, streams, status)
+    try:
+        omp.launch(execute_table, slots, starts, primitives, counts, arguments, streams, status)
+    finally:
+        for release in releases:
+            release()
     if status.any():
         j = int(np.flatnonzero(status)[0])
         lib.check(int(status[j]), f"primitive_execute ({rows[j][0].impl}, on the team)")
