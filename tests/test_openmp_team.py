@@ -31,6 +31,7 @@ class _Loader:
 def _clean_env(monkeypatch):
     for var in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(omp, "_SPIN", {})   # a fresh process: nothing recorded yet
 
 
 def test_first_to_load_it_loads_libgomp_with_netruns_spin_and_puts_the_environment_back(
@@ -41,6 +42,9 @@ def test_first_to_load_it_loads_libgomp_with_netruns_spin_and_puts_the_environme
     omp.load_runtime()
     assert loader.seen == [(omp.LIBGOMP, omp.SPIN_COUNT)]
     assert "GOMP_SPINCOUNT" not in os.environ
+    assert omp.short_spin()
+    omp.load_runtime()   # loaded now, by netrun: the first answer stands
+    assert omp.short_spin() and len(loader.seen) == 1
 
 
 def test_a_libgomp_loaded_already_keeps_its_settings(monkeypatch):
@@ -49,17 +53,34 @@ def test_a_libgomp_loaded_already_keeps_its_settings(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", loader)
     omp.load_runtime()
     assert loader.seen == [] and "GOMP_SPINCOUNT" not in os.environ
+    assert not omp.short_spin()   # its default spin is libgomp's long one
 
 
-@pytest.mark.parametrize("var,value", [("OMP_WAIT_POLICY", "passive"),
-                                       ("GOMP_SPINCOUNT", "1000000")])
-def test_the_users_openmp_settings_win(var, value, monkeypatch):
+@pytest.mark.parametrize("var,value,short", [("OMP_WAIT_POLICY", "passive", True),
+                                             ("OMP_WAIT_POLICY", "active", False),
+                                             ("GOMP_SPINCOUNT", "1000", True),
+                                             ("GOMP_SPINCOUNT", "1000000", False),
+                                             ("GOMP_SPINCOUNT", "infinite", False)])
+def test_the_users_openmp_settings_win(var, value, short, monkeypatch):
     _clean_env(monkeypatch)
     monkeypatch.setenv(var, value)
     loader = _Loader(loaded=False)
     monkeypatch.setattr(ctypes, "CDLL", loader)
     omp.load_runtime()
     assert loader.seen == [] and os.environ[var] == value
+    assert omp.short_spin() == short
+
+
+def test_elementwise_passes_stay_on_the_workers_under_a_long_spin(monkeypatch):
+    if not omp.usable(np):
+        pytest.skip("Numba's OpenMP threading layer is not available here")
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    work = 64 << 20
+    monkeypatch.setattr(omp, "_SPIN", {"short": True})
+    slots, starts = omp.team(np, 64, work)
+    assert slots == 2 and starts.shape[0] > 2
+    monkeypatch.setattr(omp, "_SPIN", {"short": False})
+    assert omp.team(np, 64, work) is None
 
 
 def test_switched_off_or_without_the_compiled_engine_the_workers_take_the_chunks(monkeypatch):

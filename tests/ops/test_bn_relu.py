@@ -228,6 +228,9 @@ def test_passes_on_the_openmp_team_give_the_worker_threads_bits(order, is_test, 
     monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)      # several chunks even when small
     monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
     monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    # the passes go on the team where its threads spin briefly; PyTorch, imported by the
+    # tests, loads libgomp first with its long spin, which would keep them off it
+    monkeypatch.setattr(omp, "_SPIN", {"short": True})
     rng = np.random.default_rng(7)
     shape = (16, 3, 5, 5) if order == "NCHW" else (16, 5, 5, 3)
     inp = _inputs(rng, shape, order, np.float32)
