@@ -51,6 +51,9 @@ class ConvAlgorithm:
     fuses_relu = False     # forward takes relu=True and applies it itself (a post-op)
     fuses_residual = False  # forward takes residual=S: out = conv + bias + S, then the ReLU
     keeps_filters = False  # forward takes filters=KeptFilters (see there)
+    # forward takes bound=True and may return its pass's calls bound to these arrays (an
+    # object with run() and close()), to be run again while they stay where they are
+    binds_calls = False
     summary = ""           # one line for `netrun algos` and profiles
 
     def applicable(self, p: ConvProblem) -> bool:
@@ -74,7 +77,7 @@ class ConvAlgorithm:
         """out (N, K, oH, oW) = conv(x, w) (+ bias (K,) when given, fused where possible).
         Algorithms that declare them take more keywords: relu=True (`fuses_relu`),
         residual=S added before the ReLU (`fuses_residual`), filters=KeptFilters
-        (`keeps_filters`)."""
+        (`keeps_filters`), bound=True (`binds_calls`)."""
         raise NotImplementedError
 
     def backward_data(self, xp, dy, w, p: ConvProblem, out, scratch: Scratch) -> None:

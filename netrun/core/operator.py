@@ -17,7 +17,7 @@ class OpContext:
     """What a kernel sees besides its inputs: args, array module, output buffers, RNG, state."""
 
     __slots__ = ("def_", "args", "ws", "backend", "xp", "state", "_inputs", "_outputs",
-                 "_is_array", "_owns_data", "_planned", "_scratch", "_rng_ok")
+                 "_is_array", "_owns_data", "_planned", "_scratch", "_rng_ok", "_again")
 
     def __init__(self, def_: OperatorDef, args: Args, ws: "Workspace"):
         self.def_ = def_
@@ -41,6 +41,16 @@ class OpContext:
         # (netrun.core.dag.RANDOM_OPS does not name its type): drawing would then depend on
         # which op ran first, so it fails loudly instead.
         self._rng_ok = True
+        # What this run's kernel offered to repeat (`repeat_with`), taken by Operator.run.
+        self._again: tuple | None = None
+
+    def repeat_with(self, bound: Any, check: Any = None, unchanged: tuple[str, ...] = ()) -> None:
+        """This run's work, done again by bound.run() alone, is the whole of the next run
+        while its inputs and outputs are the same array objects, the inputs named in
+        `unchanged` have not been written, and check() (if given) holds: a kernel's calls
+        bound once (netrun.kernels.onednn.conv.BoundCall) skip its Python. bound.close()
+        releases what it holds when it is dropped."""
+        self._again = (bound, check, unchanged)
 
     @property
     def rng(self):
@@ -118,6 +128,7 @@ class Operator:
         # Bytes of the activation arena that the plan set aside for this op's scratch
         # (netrun.core.memory.ScratchArena carves from them first), or None.
         self.scratch_room = None
+        self._repeat: _Repeat | None = None
 
     def attach_plan(self, planned: tuple | None, views: tuple, arena, poison: tuple) -> None:
         """Take the memory plan's output views (netrun.core.activations.attach)."""
@@ -130,6 +141,13 @@ class Operator:
         """Read the inputs from the workspace, run the kernel, store the outputs."""
         ws, def_ = self.ws, self.def_
         blobs = ws._blobs
+        repeat = self._repeat
+        if repeat is not None:
+            if repeat.holds(blobs, ws._versions):
+                repeat.run(ws._versions)
+                return
+            self._drop_repeat()
+        self.ctx._again = None
         try:
             inputs = self._fetch(blobs)
         except KeyError:
@@ -144,6 +162,13 @@ class Operator:
             raise
         except Exception as e:
             raise self._diagnose(inputs, e) from e
+        again = self.ctx._again
+        if again is not None:
+            self.ctx._again = None
+            if result is None:
+                self._repeat = _Repeat(def_, inputs, blobs, ws._versions, *again)
+            else:   # outputs stored below are not the buffers the calls were bound to
+                again[0].close()
         if result is None:
             return
         if not isinstance(result, (tuple, list)):
@@ -165,6 +190,11 @@ class Operator:
                 value = self._settle(i, value)
             blobs[name] = value
             ws.touch(name)
+
+    def _drop_repeat(self) -> None:
+        repeat, self._repeat = self._repeat, None
+        if repeat is not None:
+            repeat.bound.close()
 
     def _settle(self, i: int, value: Any) -> Any:
         """A returned output the plan did not foresee in the arena (a view of an input in
@@ -207,3 +237,35 @@ def _unordered_draw(def_: OperatorDef) -> InternalError:
 def _shape_str(x: Any) -> str:
     shape = getattr(x, "shape", None)
     return "×".join(map(str, shape)) if shape else ("scalar" if shape == () else type(x).__name__)
+
+
+class _Repeat:
+    """An op's last run, to be done again by its bound calls alone (OpContext.repeat_with):
+    valid while every input and output name holds the array object it held then, the
+    `unchanged` inputs keep their write counts, and the kernel's check holds."""
+
+    __slots__ = ("bound", "check", "arrays", "versions", "outputs")
+
+    def __init__(self, def_: OperatorDef, inputs: tuple, blobs: dict, versions: dict,
+                 bound: Any, check: Any, unchanged: tuple[str, ...]):
+        self.bound, self.check = bound, check
+        self.arrays = tuple(zip(def_.inputs, inputs)) + tuple(
+            (name, blobs.get(name)) for name in def_.outputs)
+        self.versions = tuple((name, versions.get(name, 0)) for name in unchanged)
+        self.outputs = def_.outputs
+
+    def holds(self, blobs: dict, versions: dict) -> bool:
+        """Whether the bound calls still compute this op's run."""
+        for name, array in self.arrays:
+            if blobs.get(name) is not array:
+                return False
+        for name, count in self.versions:
+            if versions.get(name, 0) != count:
+                return False
+        return self.check is None or self.check()
+
+    def run(self, versions: dict) -> None:
+        """The calls, and the outputs' write counts (as OpContext.output counts them)."""
+        self.bound.run()
+        for name in self.outputs:
+            versions[name] = versions.get(name, 0) + 1

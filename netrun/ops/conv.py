@@ -39,7 +39,7 @@ from netrun.core.memory import register_bind_warmup, register_scratch_estimate
 from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError, suggest
-from netrun.kernels import jit
+from netrun.kernels import jit, parallel
 from netrun.kernels import relu as relu_kernels
 from netrun.kernels.geometry import ConvGeometry
 from netrun.kernels.jit import blocked as jit_blocked
@@ -319,7 +319,15 @@ def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu
         w = ctx.def_.inputs[1]
         extra["filters"] = KeptFilters((id(ctx.ws.get_blob(w)), ctx.ws.version(w)),
                                        ctx.state.setdefault("kept_filters", {}))
-    getattr(algo, direction)(ctx.xp, *args, plan.problem, buf, ctx.scratch, **extra)
+    if (direction == "forward" and algo.binds_calls and not nhwc and residual is None
+            and (fused or not relu)):
+        extra["bound"] = True   # nothing runs after the algorithm: its calls may repeat
+    bound = getattr(algo, direction)(ctx.xp, *args, plan.problem, buf, ctx.scratch, **extra)
+    if bound is not None:
+        generation, threads = ctx.ws.conv.generation, parallel.thread_count()
+        ctx.repeat_with(bound, lambda: (ctx.ws.conv.generation == generation
+                                        and parallel.thread_count() == threads),
+                        unchanged=(ctx.def_.inputs[1],))
     if nhwc:
         out[...] = buf.transpose(0, 2, 3, 1)
     if residual is not None:

@@ -75,6 +75,7 @@ class OneDNNConv(ConvAlgorithm):
     fuses_relu = True
     fuses_residual = True
     keeps_filters = True
+    binds_calls = True
     summary = "oneDNN (netrun[onednn]): direct convolution in blocked layouts, fused bias/ReLU"
 
     def applicable(self, p: ConvProblem) -> bool:
@@ -117,9 +118,12 @@ class OneDNNConv(ConvAlgorithm):
             on_team.prepare()
 
     def forward(self, xp, x, w, p, out, scratch, bias=None, relu=False, filters=None,
-                residual=None, layout=engine.NCHW):
+                residual=None, layout=engine.NCHW, bound=False):
         """`layout` (netrun.kernels.onednn.conv.Layout) says whether x, out and residual are
-        channel-blocked arrays rather than NCHW (`blocked_layouts`)."""
+        channel-blocked arrays rather than NCHW (`blocked_layouts`). With bound=True, a pass
+        that was nothing but one plan's oneDNN calls on kept filters returns them bound to
+        these arrays (engine.BoundCall), for the caller to run again while they stay where
+        they are and w is not written."""
         x, w = _c(x), _c(w)
         bias = None if bias is None else _c(bias)
         y = _writable(out, scratch, "onednn.y")
@@ -138,6 +142,11 @@ class OneDNNConv(ConvAlgorithm):
                                  bias=bias, dst=y, **extra)
             if after is not None:
                 after.finish(blocked, y, 0, p.n)
+            elif y is out and bound and kept is not None:
+                # nothing but oneDNN calls, on filters kept between runs: the caller may run
+                # them again as they are while w is not written
+                return engine.bind(team, team.threads, scratch, {"weights": kept}, src=x,
+                                   bias=bias, dst=y, **extra)
         else:
             staged = _Filters(w, scratch, filters)
 

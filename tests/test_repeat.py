@@ -1,0 +1,188 @@
+"""An op's run repeated by its kernel's bound calls alone (OpContext.repeat_with): when it
+applies, when it stops applying, and oneDNN's convolutions giving the same bits that way."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netrun
+from netrun.conv.cpu import onednn as onednn_conv
+from netrun.core.registry import register_kernel
+from netrun.core.schema import Arg, register_schema
+from netrun.errors import InternalError
+from netrun.kernels import onednn
+from netrun.ops.common import same_as_input
+
+register_schema("TestRepeatable", inputs=2, shape_fn=same_as_input(0),
+                args=[Arg("fail", "int", 0, doc="1: raise after offering to repeat")])
+CALLS: dict[str, int] = {}
+CHECK = {"ok": True}
+
+
+class _Bound:
+    """Y = X + W again, on the arrays of the run that bound it."""
+
+    def __init__(self, x, w, y):
+        self.x, self.w, self.y, self.closed = x, w, y, False
+
+    def run(self):
+        CALLS["bound"] = CALLS.get("bound", 0) + 1
+        np.add(self.x, self.w, out=self.y)
+
+    def close(self):
+        self.closed = True
+        CALLS["closed"] = CALLS.get("closed", 0) + 1
+
+
+@register_kernel("TestRepeatable")
+def _repeatable(ctx, X, W):
+    CALLS["kernel"] = CALLS.get("kernel", 0) + 1
+    Y = ctx.output(0, X.shape, X.dtype)
+    np.add(X, W, out=Y)
+    ctx.repeat_with(_Bound(X, W, Y), lambda: CHECK["ok"], unchanged=("W",))
+    if ctx.args.fail:
+        raise ValueError("after offering to repeat")
+
+
+def _net(ws, **args):
+    ws.create_net(netrun.NetDef(name="n", ops=[netrun.op("TestRepeatable", ["X", "W"], ["Y"],
+                                                         **args)]))
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    CALLS.clear()
+    CHECK["ok"] = True
+
+
+def test_a_run_repeats_by_its_bound_calls_while_nothing_moved():
+    ws = netrun.Workspace()
+    ws.feed_blob("X", np.ones(4, np.float32))
+    ws.feed_blob("W", np.full(4, 2.0, np.float32))
+    _net(ws)
+    ws.run_net("n")
+    before = ws.version("Y")
+    ws.run_net("n", iterations=3)
+    assert CALLS == {"kernel": 1, "bound": 3}
+    assert ws.version("Y") == before + 3     # its outputs count as written, as by the kernel
+    ws.get_blob("X")[...] = 5.0              # new values in the same array: read by the calls
+    ws.run_net("n")
+    np.testing.assert_array_equal(ws.fetch_blob("Y"), np.full(4, 7.0))
+    assert CALLS["kernel"] == 1
+
+
+@pytest.mark.parametrize("change", ["feed X", "touch W", "check", "replace Y"])
+def test_the_kernel_runs_again_when_something_moved(change):
+    ws = netrun.Workspace()
+    ws.feed_blob("X", np.ones(4, np.float32))
+    ws.feed_blob("W", np.full(4, 2.0, np.float32))
+    _net(ws)
+    ws.run_net("n", iterations=2)
+    assert CALLS == {"kernel": 1, "bound": 1}
+    if change == "feed X":
+        ws.feed_blob("X", np.full(4, 3.0, np.float32))   # a new array under the name
+    elif change == "touch W":
+        ws.get_blob("W")[...] = 4.0
+        ws.touch("W")                                     # written in place, and said so
+    elif change == "check":
+        CHECK["ok"] = False
+    else:
+        ws._blobs["Y"] = np.zeros(4, np.float32)          # another net's buffer under Y
+    ws.run_net("n")
+    assert CALLS["kernel"] == 2 and CALLS["closed"] == 1
+    want = ws.fetch_blob("X") + ws.fetch_blob("W")
+    np.testing.assert_array_equal(ws.fetch_blob("Y"), want)
+
+
+def test_a_kernel_that_fails_after_offering_leaves_nothing_to_repeat():
+    ws = netrun.Workspace()
+    ws.feed_blob("X", np.ones(4, np.float32))
+    ws.feed_blob("W", np.ones(4, np.float32))
+    _net(ws, fail=1)
+    for _ in range(2):
+        with pytest.raises(InternalError, match="after offering to repeat"):
+            ws.run_net("n")
+    assert CALLS == {"kernel": 2}
+
+
+needs_onednn = pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
+
+
+@needs_onednn
+@pytest.mark.parametrize("residual", [False, True])
+def test_onednn_convolutions_repeat_their_bound_calls_with_the_same_bits(residual,
+                                                                         monkeypatch):
+    """One image's convolution runs as one oneDNN call on a team: from the second run on,
+    its filters are kept and the call is bound; the bound call gives the kernel's bits, reads
+    new input values, and gives way when the filters are written. An NCHW residual is summed
+    by netrun after the call, so that op never repeats by its calls alone."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    s = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    inputs = ["X", "W", "b"] + (["S"] if residual else [])
+    op = netrun.op("Conv", inputs, ["Y"], kernel=3, pad=1, relu=1, algo="onednn")
+
+    def run(bind: bool, steps) -> list[np.ndarray]:
+        monkeypatch.setattr(onednn_conv.OneDNNConv, "binds_calls", bind)
+        ws = netrun.Workspace()
+        for name, value in zip(["X", "W", "b", "S"], [x, w, b, s]):
+            ws.feed_blob(name, value)
+        ws.create_net(netrun.NetDef(name="n", ops=[op]))
+        out = []
+        for step in steps:
+            step(ws)
+            ws.run_net("n")
+            out.append(ws.fetch_blob("Y"))
+        repeated = ws._nets["n"].ops[0]._repeat is not None
+        return out, repeated
+
+    def same(ws):
+        pass
+
+    def new_x(ws):
+        ws.get_blob("X")[...] = ws.get_blob("X") * 0.5    # in place: the same array
+
+    def new_w(ws):
+        ws.get_blob("W")[...] = ws.get_blob("W")[::-1]
+        ws.touch("W")
+
+    steps = [same, same, same, new_x, same, new_w, same, same]
+    bound, repeated = run(True, steps)
+    plain, never = run(False, steps)
+    assert repeated == (not residual) and not never
+    for i, (a, c) in enumerate(zip(bound, plain)):
+        assert np.array_equal(a, c), f"run {i}: the bound call and the kernel differ"
+    assert not np.array_equal(bound[2], bound[3]) and not np.array_equal(bound[4], bound[5])
+
+
+@needs_onednn
+def test_a_bound_call_follows_its_scratch_region_when_it_moves():
+    from netrun.conv.problem import ConvProblem
+    from netrun.kernels.onednn import conv as engine
+
+    p = ConvProblem(1, 16, 10, 10, 16, 3, 3, 1, 1, 1, 1, 1, 1)
+    d = engine.plan(onednn_conv.spec(p), "forward", 1)
+    assert d.region_bytes   # at least the filters' reorder lives there
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    want = np.empty((1, 16, 10, 10), np.float32)
+    engine.run(d, 1, netrun.Workspace().scratch, src=x, weights=w, dst=want)
+    regions = []   # every region asked for stays alive: each one is somewhere new
+
+    def scratch(key, shape, dtype="float32"):
+        regions.append(np.empty(shape, dtype))
+        return regions[-1]
+
+    y = np.full_like(want, np.nan)
+    bound = engine.bind(d, 1, scratch, None, src=x, weights=w, dst=y)
+    seen = set()
+    for _ in range(3):
+        y[...] = np.nan
+        bound.run()
+        seen.add(bound.base)
+        assert np.array_equal(y, want)
+    assert len(seen) == 3
+    bound.close()
