@@ -415,14 +415,18 @@ class BoundCall:
         _check(arrays.values())
         self.d, self.count, self.scratch = d, count, scratch
         self.staged, self.arrays = staged, arrays
+        # the region holds the scratchpad and the copies of arguments not staged: none at
+        # all for a direct kernel on blocked arrays with kept filters
+        self.uses_region = bool(d.prim.scratch_bytes) or any(
+            arrays.get(arg) is not None and arg not in (staged or {}) for arg in d.reorders)
         self.base: int | None = None
         self.calls: list = []
         self._finalizer = None
         self._bind(self._region())
 
     def _region(self) -> int | None:
-        """The scratch region's address this time (None: the plan needs none)."""
-        if not self.d.region_bytes:
+        """The scratch region's address this time (None: the calls use none)."""
+        if not self.uses_region:
             return None
         return _buffer(self.scratch, "onednn.region", self.d.region_bytes, [])
 
@@ -439,7 +443,7 @@ class BoundCall:
 
     def run(self) -> None:
         """The calls again, on `count` OpenMP threads of this thread."""
-        if self.d.region_bytes:
+        if self.uses_region:
             base = self._region()
             if base != self.base:
                 self._bind(base)
