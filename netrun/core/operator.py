@@ -138,7 +138,8 @@ class Operator:
         self.poison = poison         # regions whose value dies here (debug mode)
 
     def run(self) -> None:
-        """Read the inputs from the workspace, run the kernel, store the outputs."""
+        """Read the inputs from the workspace, run the kernel, store the outputs; or repeat
+        the calls the kernel bound last time, while they still compute this run."""
         ws, def_ = self.ws, self.def_
         blobs = ws._blobs
         repeat = self._repeat

@@ -15,17 +15,22 @@ def _compiled(xp: Any, *arrays) -> bool:
                                     and a.dtype == arrays[0].dtype for a in arrays))
 
 
+def _flat_chunks(xp: Any, kernel, team_kernel, *flat) -> None:
+    """kernel over parallel.chunks' chunks of equal flat arrays, or team_kernel, its form
+    over the same chunks, on the OpenMP team where it runs (omp.team)."""
+    n = flat[0].size
+    team = omp.team(xp, n, n)
+    if team is not None:
+        jit_bn.prepare_team()
+        omp.launch(team_kernel, *team, *flat)
+    else:
+        parallel.chunks(xp, n, lambda _i, i0, i1: kernel(*(a[i0:i1] for a in flat)), work=n)
+
+
 def relu(xp: Any, X, Y):
     """Y = max(X, 0) (Y may be X); returns Y."""
     if _compiled(xp, X, Y):
-        x, y = X.reshape(-1), Y.reshape(-1)
-        team = omp.team(xp, x.size, x.size)
-        if team is not None:
-            jit_bn.prepare_team()
-            omp.launch(jit_bn.relu_team, *team, x, y)
-        else:
-            parallel.chunks(xp, x.size, lambda _i, i0, i1: jit_bn.relu(x[i0:i1], y[i0:i1]),
-                            work=x.size)
+        _flat_chunks(xp, jit_bn.relu, jit_bn.relu_team, X.reshape(-1), Y.reshape(-1))
     else:
         xp.maximum(X, 0, out=Y)
     return Y
@@ -40,14 +45,8 @@ def add_relu(xp: Any, A, B, Y, rectify: bool = True):
 def relu_gradient(xp: Any, Y, dY, dX):
     """dX = dY·(Y > 0) (dX may be dY; NaN·0 stays NaN, as in NumPy); returns dX."""
     if _compiled(xp, Y, dY, dX):
-        y, dy, dx = Y.reshape(-1), dY.reshape(-1), dX.reshape(-1)
-        team = omp.team(xp, y.size, y.size)
-        if team is not None:
-            jit_bn.prepare_team()
-            omp.launch(jit_bn.relu_gradient_team, *team, y, dy, dx)
-        else:
-            parallel.chunks(xp, y.size, lambda _i, i0, i1: jit_bn.relu_gradient(
-                y[i0:i1], dy[i0:i1], dx[i0:i1]), work=y.size)
+        _flat_chunks(xp, jit_bn.relu_gradient, jit_bn.relu_gradient_team, Y.reshape(-1),
+                     dY.reshape(-1), dX.reshape(-1))
     else:
         xp.multiply(dY, Y > 0, out=dX)
     return dX
