@@ -85,6 +85,23 @@ def _fold_lanes(lanes, sums):
 
 
 @kernel
+def _zero_block(lanes, c, i0, i1):
+    """lanes[:, c, i0:i1] = 0."""
+    for i in range(i0, i1):
+        lanes[0, c, i] = 0.0
+        lanes[1, c, i] = 0.0
+
+
+@kernel
+def _fold_block(lanes, c, i0, i1, t0, t1):
+    """(t0, t1) plus lanes[0, c, i] and lanes[1, c, i] for i in i0:i1, in order."""
+    for i in range(i0, i1):
+        t0 += lanes[0, c, i]
+        t1 += lanes[1, c, i]
+    return t0, t1
+
+
+@kernel
 def stats(x, shift, lanes, sums):
     """sums[0, c] = Σ (x − shift[c]), sums[1, c] = Σ (x − shift[c])² over the chunk x
     (outer, C, inner), in float64; lanes (2, C, inner) float64 is scratch."""
@@ -105,17 +122,13 @@ def stats(x, shift, lanes, sums):
         t0, t1 = 0.0, 0.0
         for i0 in range(U(0), i_n, U(LANE_BLOCK)):
             i1 = min(i0 + U(LANE_BLOCK), i_n)
-            for i in range(i0, i1):
-                lanes[0, c, i] = 0.0
-                lanes[1, c, i] = 0.0
+            _zero_block(lanes, c, i0, i1)
             for o in range(o_n):
                 for i in range(i0, i1):
                     d = np.float64(x[o, c, i]) - s
                     lanes[0, c, i] += d
                     lanes[1, c, i] += d * d
-            for i in range(i0, i1):
-                t0 += lanes[0, c, i]
-                t1 += lanes[1, c, i]
+            t0, t1 = _fold_block(lanes, c, i0, i1, t0, t1)
         sums[0, c] = t0
         sums[1, c] = t1
 
@@ -181,9 +194,7 @@ def gradient_sums(x, mean, dy, y, relu, lanes, sums):
         t0, t1 = 0.0, 0.0
         for i0 in range(U(0), i_n, U(LANE_BLOCK)):
             i1 = min(i0 + U(LANE_BLOCK), i_n)
-            for i in range(i0, i1):
-                lanes[0, c, i] = 0.0
-                lanes[1, c, i] = 0.0
+            _zero_block(lanes, c, i0, i1)
             for o in range(o_n):
                 if relu:
                     for i in range(i0, i1):
@@ -195,9 +206,7 @@ def gradient_sums(x, mean, dy, y, relu, lanes, sums):
                         g = np.float64(dy[o, c, i])
                         lanes[0, c, i] += g
                         lanes[1, c, i] += (np.float64(x[o, c, i]) - m) * g
-            for i in range(i0, i1):
-                t0 += lanes[0, c, i]
-                t1 += lanes[1, c, i]
+            t0, t1 = _fold_block(lanes, c, i0, i1, t0, t1)
         sums[0, c] = t0
         sums[1, c] = t1
 
