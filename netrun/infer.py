@@ -122,7 +122,7 @@ class Predictor:
         data = self._fit_shape(np.asarray(data, dtype=np.float32))
         outs = []
         for start in range(0, len(data), batch_size):
-            self.ws.feed_blob(self.input_name, data[start:start + batch_size])
+            self.ws.refill_blob(self.input_name, data[start:start + batch_size])
             self.ws.run_net("predict")
             outs.append(self.ws.fetch_blob(self.output_name))
         scores = np.concatenate(outs).reshape(len(data), -1)

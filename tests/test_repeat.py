@@ -186,3 +186,28 @@ def test_a_bound_call_follows_its_scratch_region_when_it_moves():
         assert np.array_equal(y, want)
     assert len(seen) == 3
     bound.close()
+
+
+def test_refilling_a_blob_keeps_its_array_and_counts_the_write():
+    ws = netrun.Workspace()
+    ws.feed_blob("X", np.zeros((2, 3), np.float32))
+    array, before = ws.get_blob("X"), ws.version("X")
+    ws.refill_blob("X", np.ones((2, 3), np.float32))
+    assert ws.get_blob("X") is array and ws.version("X") == before + 1
+    np.testing.assert_array_equal(array, np.ones((2, 3)))
+    ws.refill_blob("X", np.ones((4, 3), np.float32))   # another shape: fed as a new array
+    assert ws.get_blob("X") is not array and ws.get_blob("X").shape == (4, 3)
+    ws.refill_blob("X", np.ones((4, 3)))                # another dtype too, as feed_blob does
+    assert ws.get_blob("X").dtype == np.float64
+
+
+def test_batches_refilled_into_the_input_keep_its_reader_repeating():
+    ws = netrun.Workspace()
+    ws.feed_blob("X", np.ones(4, np.float32))
+    ws.feed_blob("W", np.full(4, 2.0, np.float32))
+    _net(ws)
+    for value in range(5):
+        ws.refill_blob("X", np.full(4, value, np.float32))
+        ws.run_net("n")
+        np.testing.assert_array_equal(ws.fetch_blob("Y"), np.full(4, value + 2.0))
+    assert CALLS == {"kernel": 1, "bound": 4}

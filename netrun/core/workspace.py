@@ -68,6 +68,20 @@ class Workspace:
         self.touch(name)
         self.memory.fed(name, self._blobs, self)   # plans bound nets waiting for this shape
 
+    def refill_blob(self, name: str, value: Any) -> None:
+        """`feed_blob`, but into the blob's own array where it is a host array of the same
+        shape and dtype: a loop feeding batch after batch keeps the array, so an op that
+        bound its calls to it (netrun.core.operator, `repeat_with`) goes on repeating them."""
+        host = np.asarray(value)
+        existing = self._blobs.get(name)
+        if (isinstance(existing, np.ndarray) and existing.shape == host.shape
+                and existing.dtype == host.dtype and existing.flags.writeable
+                and self.backend.owns_data(existing)):
+            np.copyto(existing, host)
+            self.touch(name)
+            return
+        self.feed_blob(name, host)
+
     def fetch_blob(self, name: str) -> np.ndarray:
         """The blob's value as a host NumPy array (a copy)."""
         if name not in self._blobs:

@@ -116,7 +116,7 @@ def _from_model(model, solver, batch, device, forward_only, overrides, seed, des
 
     def feed():
         for name, value in feeds.items():
-            ws.feed_blob(name, value)
+            ws.refill_blob(name, value)
 
     if forward_only:
         ws.run_net_once(model.init_net)
@@ -198,7 +198,7 @@ def _from_checkpoint(path, batch, device, forward_only, seed, fuse=True, memory_
 
     def feed():
         for name, value in feeds.items():
-            ws.feed_blob(name, value)
+            ws.refill_blob(name, value)
 
     feed()
     for name in info.params:
