@@ -74,7 +74,9 @@ class Workspace:
         bound its calls to it (netrun.core.operator, `repeat_with`) goes on repeating them."""
         host = np.asarray(value)
         existing = self._blobs.get(name)
-        if (isinstance(existing, np.ndarray) and existing.shape == host.shape
+        # on a device the copy is a transfer, which feed_blob makes and counts
+        if (self.backend.name == "cpu" and isinstance(existing, np.ndarray)
+                and existing.shape == host.shape
                 and existing.dtype == host.dtype and existing.flags.writeable
                 and self.backend.owns_data(existing)):
             np.copyto(existing, host)
