@@ -51,26 +51,31 @@ class Stats:
     m: int
 
 
-def _chunked_sums(xp, shape3, scratch: Scratch, fn, team=None) -> np.ndarray:
-    """(2, C) float64: the sum over the fixed chunks of fn(x-chunk slice, lanes, sums), in
-    chunk order; team(slots, starts, lanes, sums) launches the same on the OpenMP team
-    (`_on_team`), chunk c's sums in sums[c]."""
+def _chunk_args(args: tuple, o0: int, o1: int) -> list:
+    """The arguments of a kernel's call on chunk o0:o1: (outer, C, inner) arrays sliced."""
+    return [a[o0:o1] if isinstance(a, np.ndarray) and a.ndim == 3 else a for a in args]
+
+
+def _chunked_sums(xp, shape3, scratch: Scratch, kernel, team, *args) -> np.ndarray:
+    """(2, C) float64: kernel(*args, lanes, sums) summed over the fixed chunks of the outer
+    axis in chunk order, on the OpenMP team (`team`, the kernel's form over slots, where
+    `_on_team`) or the worker threads (the same slices and order, so the same bits)."""
     outer, c, inner = shape3
     total = np.zeros((2, c))
-    on_team = _on_team(xp, shape3, team)
+    on_team = _on_team(xp, shape3)
     if on_team is not None:
         slots, starts = on_team
         lanes = scratch("bn.team_lanes", (slots, 2, c, inner), "float64")
-        sums = np.empty((starts.shape[0] - 1, 2, c))
-        team(slots, starts, lanes, sums)
+        sums = scratch("bn.team_sums", (starts.shape[0] - 1, 2, c), "float64")
+        omp.launch(team, slots, starts, *args, lanes, sums)
         for part in sums:
-            total[...] += part
+            total += part
         return total
 
     def work(index, o0, o1):
         lanes = parallel.chunk_scratch(scratch, index)("bn.lanes", (2, c, inner), "float64")
         sums = np.empty((2, c))
-        fn(o0, o1, lanes, sums)
+        kernel(*_chunk_args(args, o0, o1), lanes, sums)
 
         def commit() -> None:
             total[...] += sums
@@ -80,22 +85,20 @@ def _chunked_sums(xp, shape3, scratch: Scratch, fn, team=None) -> np.ndarray:
     return total
 
 
-def _each_chunk(xp, shape3, fn, team=None) -> None:
-    """fn(o0, o1) over the fixed chunks of the outer axis, on the worker threads, or
-    team(slots, starts) on the OpenMP team (`_on_team`)."""
+def _each_chunk(xp, shape3, kernel, team, *args) -> None:
+    """kernel(*args) on each fixed chunk of the outer axis, on the OpenMP team (`team`, the
+    kernel's form over slots, where `_on_team`) or the worker threads."""
     outer, c, inner = shape3
-    on_team = _on_team(xp, shape3, team)
+    on_team = _on_team(xp, shape3)
     if on_team is not None:
-        team(*on_team)
+        omp.launch(team, *on_team, *args)
         return
-    parallel.chunks(xp, outer, lambda _i, o0, o1: fn(o0, o1), work=outer * c * inner)
+    parallel.chunks(xp, outer, lambda _i, o0, o1: kernel(*_chunk_args(args, o0, o1)),
+                    work=outer * c * inner)
 
 
-def _on_team(xp, shape3, team) -> tuple[int, np.ndarray] | None:
-    """(slots, starts) where a pass with a team form runs on the OpenMP team: the chunks of
-    `parallel.chunks` (netrun.kernels.omp)."""
-    if team is None:
-        return None
+def _on_team(xp, shape3) -> tuple[int, np.ndarray] | None:
+    """(slots, starts) where a pass runs on the OpenMP team (netrun.kernels.omp.team)."""
     outer, c, inner = shape3
     found = omp.team(xp, outer, outer * c * inner)
     if found is not None:
@@ -113,10 +116,7 @@ def batch_stats(xp, X, order: str, scratch: Scratch) -> Stats:
         x = np.ascontiguousarray(X).reshape(shape3)
         # any value of each channel, the same on every thread count: the first one
         shift = x[0, :, 0].astype(np.float64)
-        s = _chunked_sums(xp, shape3, scratch,
-                          lambda o0, o1, lanes, sums: jit_bn.stats(x[o0:o1], shift, lanes, sums),
-                          lambda *team: omp.launch(jit_bn.stats_team, *team[:2], x, shift,
-                                                   *team[2:]))
+        s = _chunked_sums(xp, shape3, scratch, jit_bn.stats, jit_bn.stats_team, x, shift)
         mean_shifted = s[0] / m
         var = np.maximum(s[1] / m - mean_shifted * mean_shifted, 0.0)
         return Stats(mean_shifted + shift, var, m)
@@ -144,10 +144,8 @@ def normalize(xp, X, order: str, mean, k, bias, Y, relu: bool) -> None:
     c = shape3[1]
     if compiled(xp, X, Y, mean, k, bias):
         x, y = np.ascontiguousarray(X).reshape(shape3), Y.reshape(shape3)
-        _each_chunk(xp, shape3, lambda o0, o1: jit_bn.normalize(x[o0:o1], mean, k, bias,
-                                                                y[o0:o1], relu),
-                    lambda *team: omp.launch(jit_bn.normalize_team, *team, x, mean, k, bias,
-                                             y, relu))
+        _each_chunk(xp, shape3, jit_bn.normalize, jit_bn.normalize_team, x, mean, k, bias, y,
+                    relu)
         return
     b = (1, c, 1)
     y = Y.reshape(shape3)
@@ -171,10 +169,8 @@ def inference(xp, X, order: str, scale, bias, mean, var, epsilon: float, Y,
     shape3 = view(X.shape, order)
     x, y = np.ascontiguousarray(X).reshape(shape3), Y.reshape(shape3)
     vecs = [np.ascontiguousarray(v) for v in (scale, bias, mean, var)]
-    _each_chunk(xp, shape3, lambda o0, o1: jit_bn.inference(x[o0:o1], *vecs, epsilon,
-                                                            y[o0:o1], relu),
-                lambda *team: omp.launch(jit_bn.inference_team, *team, x, *vecs, epsilon, y,
-                                         relu))
+    _each_chunk(xp, shape3, jit_bn.inference, jit_bn.inference_team, x, *vecs, epsilon, y,
+                relu)
     return True
 
 
@@ -188,10 +184,8 @@ def gradient_sums(xp, X, mean, dY, Y, order: str, scratch: Scratch) -> np.ndarra
     if compiled(xp, X, mean, dY, *([Y] if relu else [])):
         x, dy = np.ascontiguousarray(X).reshape(shape3), np.ascontiguousarray(dY).reshape(shape3)
         y = np.ascontiguousarray(Y).reshape(shape3) if relu else dy
-        return _chunked_sums(xp, shape3, scratch, lambda o0, o1, lanes, sums: jit_bn.gradient_sums(
-            x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, lanes, sums),
-            lambda *team: omp.launch(jit_bn.gradient_sums_team, *team[:2], x, mean, dy, y, relu,
-                                     *team[2:]))
+        return _chunked_sums(xp, shape3, scratch, jit_bn.gradient_sums,
+                             jit_bn.gradient_sums_team, x, mean, dy, y, relu)
     g = dY.reshape(shape3)
     if relu:
         g = relu_kernels.relu_gradient(xp, Y.reshape(shape3), g,
@@ -213,10 +207,8 @@ def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX,
         x, dy = np.ascontiguousarray(X).reshape(shape3), np.ascontiguousarray(dY).reshape(shape3)
         y = np.ascontiguousarray(Y).reshape(shape3) if relu else dy
         dx = dX.reshape(shape3)
-        _each_chunk(xp, shape3, lambda o0, o1: jit_bn.gradient_input(
-            x[o0:o1], mean, dy[o0:o1], y[o0:o1], relu, a, b, k, is_test, dx[o0:o1]),
-            lambda *team: omp.launch(jit_bn.gradient_input_team, *team, x, mean, dy, y, relu,
-                                     a, b, k, is_test, dx))
+        _each_chunk(xp, shape3, jit_bn.gradient_input, jit_bn.gradient_input_team, x, mean,
+                    dy, y, relu, a, b, k, is_test, dx)
         return
     bs = (1, c, 1)
     dx = dX.reshape(shape3)

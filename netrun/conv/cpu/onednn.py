@@ -287,7 +287,6 @@ def _own(scratch, index: int):
     return lambda key, shape, dtype="float32": scratch(f"{key}#chunk{index}", shape, dtype)
 
 
-
 # (problem, bias, ReLU, residual, layout, threads) -> what `forward` runs: the plan's layout,
 # whether the ReLU is its post-op, and the team plan or None. Worked out once per key (a call
 # at batch 1 costs little more than this), immutable, shared like the engine's plan memo.
