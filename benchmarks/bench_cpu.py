@@ -54,7 +54,8 @@ def alternate(fns: dict, reps: int, block: int = 4) -> dict[str, float]:
     Each block starts with untimed runs, at least one and together at least SETTLE_MS: the
     previous library's worker threads (OpenMP and OpenBLAS spin for several milliseconds
     after each call) would otherwise be charged to this one, most of all on sub-millisecond
-    passes.
+    passes. A callable whose `times_itself` is true returns its own milliseconds (a net run
+    in another process: own_process.OwnProcessNet).
     """
     times: dict[str, list[float]] = {k: [] for k in fns}
     while min(len(v) for v in times.values()) < reps:
@@ -65,8 +66,9 @@ def alternate(fns: dict, reps: int, block: int = 4) -> dict[str, float]:
                 f()
             for _ in range(min(block, reps - len(times[k])) or 1):
                 t0 = time.perf_counter()
-                f()
-                times[k].append((time.perf_counter() - t0) * 1e3)
+                own = f()
+                times[k].append(own if getattr(f, "times_itself", False)
+                                else (time.perf_counter() - t0) * 1e3)
     return {k: statistics.median(v) for k, v in times.items()}
 
 

@@ -3,6 +3,7 @@
     python benchmarks/bench_resnet.py [--threads 2] [--only resnet20,resnet50,train,infer]
                                       [--quick] [--json] [--algo-mode heuristic]
                                       [--batch N] [--reps N] [--profile-iters N] [--no-ort]
+                                      [--same-process]
     python benchmarks/bench_resnet.py --show RESULT.json     (the tables of a --json run)
 
 The rows are issue 14's table: ResNet-20 (zoo/resnet20.yaml) training at batches 32 and 128
@@ -13,7 +14,10 @@ bench_cpu.py bind them; PyTorch: eager, benchmarks/torch_steps.py); inference is
 predict net, PyTorch's model in eval mode under no_grad, and ONNX Runtime running the model
 exported from that PyTorch model (inference only: ORT has no training step to compare).
 All three alternate in blocks of repetitions (bench_cpu.alternate); medians are reported,
-and ratios are netrun / other (below 1: netrun is faster).
+and ratios are netrun / other (below 1: netrun is faster). netrun runs in a process of its
+own, as users run it, and times each run there (benchmarks/own_process.py says why: in this
+process PyTorch's libgomp, loaded first, would serve netrun's OpenMP teams with its long
+spin); `--same-process` binds it here instead, to measure that case.
 
 `--threads` (default 2) is every library's thread count: NETRUN_THREADS for netrun's
 workers, torch.set_num_threads, and ORT's intra-op threads. "Where the time goes" is
@@ -39,6 +43,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_cpu import alternate  # noqa: E402
+from own_process import InProcessNet, OwnProcessNet  # noqa: E402
 from resnets import torch_resnet  # noqa: E402
 from torch_steps import torch_step  # noqa: E402
 
@@ -112,32 +117,22 @@ def ort_session(ort, torch, model, x, threads: int):
 
 def bench_row(torch, ort, net: str, phase: str, batch: int, args) -> dict:
     """Time one row with every library, then profile netrun's ops by type."""
-    from netrun import conv as algos
-    from netrun.profile.targets import prepare
-    from netrun.profile.timing import profile_net
-
-    target = prepare(str(REPO / NETS[net]), batch, "cpu", forward_only=(phase == "infer"))
-    algos.configure(target.net.ws, mode=args.algo_mode)
     torch.manual_seed(0)
     model, shape, classes = torch_resnet(torch, net)
     x = torch.randn(batch, *shape)
     y = torch.randint(0, classes, (batch,))
-    fns = {"netrun": target.net.run,
-           "torch": torch_step(torch, model, x, y, "train" if phase == "train" else "infer")}
+    others = {"torch": torch_step(torch, model, x, y, "train" if phase == "train" else "infer")}
     if ort is not None and phase == "infer":
-        fns["ort"] = ort_session(ort, torch, model, x, args.threads)
-    target.net.run()   # picks the algorithms (a timing search in exhaustive mode)
-    times = alternate(fns, args.reps, block=args.block)
-    prof = profile_net(target.net, iters=args.profile_iters, warmup=1, phases=target.phases,
-                       costs=target.costs, before_iteration=target.feed)
+        others["ort"] = ort_session(ort, torch, model, x, args.threads)
+    runner = InProcessNet if args.same_process else OwnProcessNet
+    with runner(str(REPO / NETS[net]), batch, phase == "infer", args.algo_mode) as netrun:
+        times = alternate({"netrun": netrun, **others}, args.reps, block=args.block)
+        prof = netrun.profile(args.profile_iters)
     row = {"net": net, "phase": phase, "batch": batch, "netrun": times["netrun"],
            "torch": times["torch"], "ort": times.get("ort"),
            "netrun_over_torch": times["netrun"] / times["torch"],
            "netrun_over_ort": times["netrun"] / times["ort"] if "ort" in times else None,
-           "profile_iteration_ms": prof.total_ms, "profile_sum_of_ops_ms": prof.sum_of_ops_ms,
-           "by_type": [{"type": t, "ms": ms, "count": n} for t, ms, n in prof.by_type()],
-           "algos": {o.def_.name: str(o.ctx.state["algo"]) for o in target.net.ops
-                     if o.ctx.state.get("algo")}}
+           "torch_loaded_beside_netrun": netrun.info["torch_loaded"], **prof}
     return row
 
 
@@ -187,8 +182,10 @@ def print_report(console, result: dict) -> None:
         where.add_row(f"{TITLES[r['net']]} {r['phase']} {r['batch']}",
                       _ms(r["profile_sum_of_ops_ms"]), top)
     console.print(where)
+    where_run = ("in the benchmark's process, beside PyTorch" if result.get("same_process")
+                 else "in a process of its own")
     console.print(f"algorithm mode {result['algo_mode']}; netrun {result['netrun_threads']} "
-                  f"worker threads; ratios below 1: netrun is faster.")
+                  f"worker threads, {where_run}; ratios below 1: netrun is faster.")
     if "load_average_before" in result:
         console.print(f"1-minute load average {result['load_average_before']:.2f} before, "
                       f"{result['load_average_after']:.2f} after, on {result['cpus']} CPUs (this run "
@@ -225,6 +222,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, help="timed repetitions per library and row")
     parser.add_argument("--profile-iters", type=int, help="iterations of netrun's profiler")
     parser.add_argument("--no-ort", action="store_true", help="leave ONNX Runtime out")
+    parser.add_argument("--same-process", action="store_true",
+                        help="run netrun in this process, beside PyTorch's libgomp (default: "
+                             "a process of its own, as users run it)")
     parser.add_argument("--show", metavar="JSON", help="print the tables of a saved --json result")
     args = parser.parse_args(argv)
     if args.show:
@@ -263,7 +263,8 @@ def main(argv=None) -> int:
     result = {"threads": args.threads, "netrun_threads": thread_count(),
               "torch_version": torch.__version__,
               "ort_version": ort.__version__ if ort else None, "reps": args.reps,
-              "algo_mode": args.algo_mode, "architecture": {}, "rows": [],
+              "algo_mode": args.algo_mode, "same_process": args.same_process,
+              "architecture": {}, "rows": [],
               "cpus": os.cpu_count(), "load_average_before": os.getloadavg()[0]}
     for net in dict.fromkeys(n for n, _, _ in rows):
         model, shape, _ = torch_resnet(torch, net)

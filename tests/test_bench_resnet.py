@@ -88,11 +88,13 @@ def test_benchmark_runs_at_tiny_settings():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["netrun_threads"] == 2 and result["threads"] == 2
+    assert result["same_process"] is False
     rows = {(r["phase"], r["batch"]): r for r in result["rows"]}
     assert set(rows) == {("train", 2), ("infer", 2)}
     has_ort = importlib.util.find_spec("onnxruntime") is not None
     for (phase, _), r in rows.items():
         assert r["netrun"] > 0 and r["torch"] > 0
+        assert r["torch_loaded_beside_netrun"] is False   # netrun ran in a process of its own
         assert (r["ort"] is not None) == (has_ort and phase == "infer")
         types = {t["type"]: t["count"] for t in r["by_type"]}
         assert types["Conv"] == 21
@@ -103,3 +105,32 @@ def test_benchmark_runs_at_tiny_settings():
             assert types["ConvGradient"] == 21 and "MomentumSGDUpdate" in types
         else:
             assert "ConvGradient" not in types
+
+
+def test_alternate_takes_the_time_a_callable_reports():
+    """A net timed in its own process reports its milliseconds; the pipe is not counted."""
+    bench_cpu = _module("bench_cpu")
+    calls = []
+
+    class Reports:
+        times_itself = True
+
+        def __call__(self):
+            calls.append(1)
+            return 7.0
+    times = bench_cpu.alternate({"own": Reports(), "here": lambda: None}, reps=3, block=2)
+    assert times["own"] == 7.0 and 0 <= times["here"] < 7.0 and len(calls) >= 3
+
+
+def test_own_process_runs_the_net_there_and_reports_its_failures(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))   # the child imports the module by name
+    own_process = importlib.import_module("own_process")
+    with own_process.OwnProcessNet(str(REPO / "zoo/lenet.yaml"), 2, True, "heuristic") as net:
+        assert net.info == {"torch_loaded": False}
+        assert net() > 0
+        prof = net.profile(1)
+        assert {t["type"] for t in prof["by_type"]} >= {"Conv", "FC"}
+        assert prof["algos"]
+    missing = str(tmp_path / "missing.yaml")
+    with pytest.raises(RuntimeError, match="failed during 'prepare'"):
+        own_process.OwnProcessNet(missing, 2, True, "heuristic")

@@ -415,15 +415,21 @@ def test_the_rules_prefer_it_where_it_measured_faster():
 
 @needs_onednn
 @pytest.mark.parametrize("relu", [False, True])
-def test_one_image_runs_on_an_openmp_team_and_matches_the_reference(relu, monkeypatch):
-    """Batch 1 forward is one call on a team of netrun's thread count (bigger batches: none)."""
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_forward_pass_runs_on_an_openmp_team_and_matches_the_reference(relu, n, monkeypatch):
+    """A forward pass on a direct JIT kernel is one call on a team of netrun's thread count,
+    at any batch (no chunks); in a worker thread's chunk, a team of one."""
     from netrun.conv.cpu import onednn as onednn_conv
+    from netrun.kernels.onednn import team as on_team
 
     monkeypatch.setattr(parallel, "thread_count", lambda: 2)
-    p = ConvProblem(1, 5, 9, 7, 70, 3, 3, 2, 1, 1, 0, 2, 1)
+    monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)   # chunks, were it chunked
+    monkeypatch.setattr(onednn_conv, "CHUNK_FLOPS", 1)
+    monkeypatch.setattr(on_team, "run", lambda *a: pytest.fail("ran as chunks"))
+    p = ConvProblem(n, 5, 9, 7, 70, 3, 3, 2, 1, 1, 0, 2, 1)
     team = onednn_conv._team(p, True, relu)
     assert team is not None and team.threads == 2
-    assert onednn_conv._team(replace(p, n=2), True, relu) is None
+    assert onednn_conv._team(p, True, relu, threads=1).threads == 1
     rng = np.random.default_rng(3)
     x = rng.standard_normal((p.n, p.c, p.h, p.w)).astype(np.float32)
     w = rng.standard_normal((p.k, p.c, p.kh, p.kw)).astype(np.float32)
@@ -433,7 +439,7 @@ def test_one_image_runs_on_an_openmp_team_and_matches_the_reference(relu, monkey
     ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), (p.sh, p.sw),
                       (p.pt, p.pl, p.pb, p.pr), (p.dh, p.dw), p.group)
     ref = ref + b[None, :, None, None]
-    _close(y, np.maximum(ref, 0) if relu else ref, "forward of one image")
+    _close(y, np.maximum(ref, 0) if relu else ref, f"forward of {n} images")
 
 
 @needs_onednn

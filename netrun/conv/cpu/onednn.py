@@ -15,18 +15,17 @@ the chunks' partial dW and db are summed in chunk order. With Numba's OpenMP lay
 chunks of a pass run as one GIL-free call on an OpenMP team (netrun.kernels.onednn.team,
 `_chunked`); otherwise each on one of netrun's worker threads.
 
-The forward pass of one image is one call instead, on an OpenMP team of netrun's thread
-count, when the primitive is one of oneDNN's direct JIT kernels (`TEAM_KERNELS`): those
-hand each thread whole output rows and channel blocks and sum every output over all its
-inputs on one thread, so the bits do not depend on the team's size (tests/test_determinism.py
-checks 1, 2 and 3). Handing chunks to netrun's workers costs ~50 µs, more than most layers
-of a small net at batch 1; an OpenMP team's threads spin between calls, so starting it again
-costs a few µs. Only at batch 1, though: while they spin they take the cores that netrun's
-workers need for the chunked ops between the convolutions of a bigger batch (ResNet-20 at
-batch 4: 11% slower with teams, 12% faster at batch 1; benchmarks/README.md). Convolutions on
-arrays that the layout plan keeps blocked (netrun.rewrite.layout) are the exception at any
-batch: little else runs between them, and oneDNN's own split of a whole batch beat netrun's
-chunks by 9% on ResNet-20 at batch 128 and ResNet-50 at batch 8.
+The forward pass is one call instead, on an OpenMP team of netrun's thread count, when the
+primitive is one of oneDNN's direct JIT kernels (`TEAM_KERNELS`): those hand each thread
+whole output rows and channel blocks and sum every output over all its inputs on one
+thread, so the bits do not depend on the team's size (tests/test_determinism.py checks 1, 2
+and 3). At batch 1 it saves the chunks' hand-off (~50 µs, more than most layers of a small
+net); at any batch oneDNN's own split of the whole batch beats fixed chunks of
+single-threaded primitives: ResNet-20's training forward convolutions took 0.70× as long at
+batch 4, 0.87× at 32 and 0.96× at 128, ResNet-50's at batch 8 0.82× (in-process A/Bs), and
+blocked inference layers 0.91×. (Until the chunks themselves ran on the team, and batch norm
+and ReLU with them, a team spinning between calls took the cores that the worker threads
+needed for the ops between the convolutions, and teams lost above batch 1.)
 """
 from __future__ import annotations
 
@@ -326,10 +325,8 @@ def _forward_layout(p: ConvProblem, layout: engine.Layout, bias: bool, relu: boo
 def _team(p: ConvProblem, bias: bool, relu: bool, layout: engine.Layout = engine.NCHW,
           threads: int | None = None) -> engine.Direction | None:
     """The forward plan for one call on an OpenMP team of `threads` (netrun's thread count;
-    in a chunk, one), when oneDNN runs p on a direct JIT kernel and p is one image or its
-    arrays are blocked (see the module doc); None: run it as chunks."""
-    if p.n > 1 and not (layout.x_block or layout.y_block):
-        return None
+    in a chunk, one), when oneDNN runs p on a direct JIT kernel (see the module doc); None:
+    run it as chunks."""
     if threads is None:
         threads = 1 if parallel.in_chunk() else parallel.thread_count()
     d = engine.plan(spec(p), "forward", threads, bias, relu, layout=layout)

@@ -1,0 +1,151 @@
+"""netrun timed in a process of its own, beside PyTorch and ONNX Runtime in the benchmark's.
+
+In one process the libraries share what was loaded first. PyTorch's wheel brings its own
+libgomp.so.1; loaded before netrun's, it also serves oneDNN's and Numba's OpenMP teams,
+whose idle threads then spin ~3 ms after every parallel region (netrun loads libgomp with a
+10,000-round spin, ~0.5 ms: netrun.kernels.omp). Those threads hold the cores that netrun's
+worker threads need for the ops that run there: ResNet-20's training step took 1.1-1.25× as
+long with torch merely imported first. A user runs netrun as a process of its own
+(`netrun train`), so the benchmark does too. The libraries still alternate in blocks
+(bench_cpu.alternate) on the same machine state; the child times each run of its net
+itself, so the pipe's round trip (~0.1 ms) is not charged to netrun.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+import traceback
+from typing import Any
+
+
+class OwnProcessNet:
+    """A netrun profile target (netrun.profile.targets.prepare) bound in a child process:
+    calling it runs the net once there and returns the run's milliseconds (`times_itself`)."""
+
+    times_itself = True
+
+    def __init__(self, path: str, batch: int, forward_only: bool, algo_mode: str):
+        # spawn, not fork: a forked child would inherit the parent's loaded libraries
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child,), daemon=True)
+        self._process.start()
+        child.close()
+        try:
+            self.info = self._ask("prepare", path, batch, forward_only, algo_mode)
+        except BaseException:
+            self.close()
+            raise
+
+    def __call__(self) -> float:
+        return self._ask("run")
+
+    def profile(self, iters: int) -> dict:
+        """netrun's profiler in the child: iteration and per-op-type times, and algorithms."""
+        return self._ask("profile", iters)
+
+    def close(self) -> None:
+        """End the child (its memory goes with it)."""
+        if self._process.is_alive():
+            self._conn.send(("close",))
+            self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.kill()
+        self._conn.close()
+
+    def __enter__(self) -> OwnProcessNet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _ask(self, *request) -> Any:
+        self._conn.send(request)
+        try:
+            status, value = self._conn.recv()
+        except EOFError:
+            raise RuntimeError(f"netrun's benchmark process ended (exit code "
+                               f"{self._process.exitcode}) during '{request[0]}'") from None
+        if status == "error":
+            raise RuntimeError(f"netrun's benchmark process failed during '{request[0]}':\n"
+                               f"{value}")
+        return value
+
+
+def _serve(conn) -> None:
+    """The child: answer requests until 'close' (or the parent's end)."""
+    target = None
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        kind, args = request[0], request[1:]
+        if kind == "close":
+            return
+        try:
+            if kind == "prepare":
+                target = _prepare(*args)
+                answer = {"torch_loaded": "torch" in sys.modules}
+            elif kind == "run":
+                t0 = time.perf_counter()
+                target.net.run()
+                answer = (time.perf_counter() - t0) * 1e3
+            elif kind == "profile":
+                answer = _profile(target, *args)
+            else:
+                raise ValueError(f"unknown request {kind!r}")
+        except BaseException:   # the parent reports it; the child keeps serving
+            conn.send(("error", traceback.format_exc()))
+            continue
+        conn.send(("ok", answer))
+
+
+def _prepare(path: str, batch: int, forward_only: bool, algo_mode: str):
+    from netrun import conv as algos
+    from netrun.profile.targets import prepare
+
+    target = prepare(path, batch, "cpu", forward_only=forward_only)
+    algos.configure(target.net.ws, mode=algo_mode)
+    target.net.run()   # picks the algorithms (a timing search in exhaustive mode)
+    return target
+
+
+def _profile(target, iters: int) -> dict:
+    from netrun.profile.timing import profile_net
+
+    prof = profile_net(target.net, iters=iters, warmup=1, phases=target.phases,
+                       costs=target.costs, before_iteration=target.feed)
+    return {"profile_iteration_ms": prof.total_ms, "profile_sum_of_ops_ms": prof.sum_of_ops_ms,
+            "by_type": [{"type": t, "ms": ms, "count": n} for t, ms, n in prof.by_type()],
+            "algos": {o.def_.name: str(o.ctx.state["algo"]) for o in target.net.ops
+                      if o.ctx.state.get("algo")}}
+
+
+class InProcessNet:
+    """The same target bound in this process (`--same-process`), as OwnProcessNet's twin:
+    calling it runs the net once (timed by the caller)."""
+
+    times_itself = False
+
+    def __init__(self, path: str, batch: int, forward_only: bool, algo_mode: str):
+        self.target = _prepare(path, batch, forward_only, algo_mode)
+        self.info = {"torch_loaded": "torch" in sys.modules}
+
+    def __call__(self) -> None:
+        self.target.net.run()
+
+    def profile(self, iters: int) -> dict:
+        """netrun's profiler: iteration and per-op-type times, and algorithms."""
+        return _profile(self.target, iters)
+
+    def close(self) -> None:
+        """Drop the target."""
+        self.target = None
+
+    def __enter__(self) -> InProcessNet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
