@@ -211,3 +211,86 @@ def test_batches_refilled_into_the_input_keep_its_reader_repeating():
         ws.run_net("n")
         np.testing.assert_array_equal(ws.fetch_blob("Y"), np.full(4, value + 2.0))
     assert CALLS == {"kernel": 1, "bound": 4}
+
+
+@needs_onednn
+def test_a_training_steps_convolutions_repeat_their_bound_calls_with_the_same_bits(
+        monkeypatch):
+    """Training: the forward pass reorders filters that change every step and the gradients'
+    batch chunks run as one team call; both are bound once and repeated (the filters'
+    reorder among their calls), give the kernels' bits step after step while W, X and dY
+    change in place, and bind again when an input is a new array."""
+    from netrun.kernels import omp, parallel
+
+    if not omp.usable(np):
+        pytest.skip("Numba's OpenMP threading layer is not available here")
+    monkeypatch.setattr(onednn_conv, "CHUNK_MIN_FLOPS", 1)   # chunks of the batch of 6
+    monkeypatch.setattr(onednn_conv, "CHUNK_FLOPS", 1)
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 16, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((6, 24, 10, 10)).astype(np.float32)
+    conv = netrun.op("Conv", ["X", "W"], ["Y"], kernel=3, pad=1, algo="onednn", no_bias=1)
+    grads = netrun.gradient_ops(conv)[0]
+    assert [g.outputs for g in grads] == [("W_grad", "X_grad")]
+    update = netrun.op("Scale", ["W"], ["W"], scale=0.5)   # in place, as an update op writes
+
+    def run(bind: bool) -> tuple[list, list]:
+        monkeypatch.setattr(onednn_conv.OneDNNConv, "binds_calls", bind)
+        ws = netrun.Workspace()
+        for name, value in (("X", x), ("W", w), ("Y_grad", dy)):
+            ws.feed_blob(name, value.copy())
+        ws.create_net(netrun.NetDef(name="step", ops=[conv, *grads, update]))
+        out, repeating = [], []
+        for step in range(7):
+            if step == 3:    # new values in place
+                ws.get_blob("X")[...] *= -1
+                ws.get_blob("Y_grad")[...] *= 2
+            if step == 5:    # a new array: the calls bind again
+                ws.feed_blob("X", x[::-1].copy())
+            ws.run_net("step")
+            out.append([ws.fetch_blob(n).copy() for n in ("Y", "W_grad", "X_grad")])
+            repeating.append([o._repeat for o in ws._nets["step"].ops[:2]])
+        return out, repeating
+
+    bound, repeating = run(True)
+    plain, never = run(False)
+    assert not any(r for step in never for r in step)
+    # bound in the first run (the forward pass: once W is seen changing), kept until X moved
+    assert all(r is not None for step in repeating[1:] for r in step)
+    for op in (0, 1):
+        kept = [repeating[i][op] for i in range(1, 7)]
+        assert all(r is kept[0] for r in kept[:4]) and kept[4] is not kept[0], op
+    for i, (a, c) in enumerate(zip(bound, plain)):
+        for name, u, v in zip(("Y", "dW", "dX"), a, c):
+            assert np.array_equal(u, v), f"step {i} {name}: the bound calls and the kernel differ"
+    assert not np.array_equal(bound[2][0], bound[3][0])   # they read the new values
+
+
+def test_the_scratch_mark_holds_while_an_ops_regions_stay_where_they_are():
+    from netrun.core.memory import ScratchArena
+
+    # small blocks (a real arena reserves address space, SCRATCH_RESERVE at a time)
+    arena = ScratchArena(lambda nbytes, reserve=False: bytearray(1 << 12))
+
+    class Op:
+        scratch_room = None
+
+    a, b = Op(), Op()
+    arena.rewind(a)
+    arena.get("x", (8,), "float32")
+    first = arena.mark()
+    arena.rewind(b)
+    arena.get("y", (16,), "float32")
+    assert arena.mark() != first            # another op's regions
+    arena.rewind(a)
+    arena.get("x", (8,), "float32")         # found where it was: nothing carved
+    assert arena.mark() == first
+    arena.get("x", (64,), "float32")        # grown: carved anew, elsewhere
+    assert arena.mark() != first
+    a.scratch_room = np.zeros(256, np.uint8)   # a new plan for the op: new regions
+    arena.rewind(a)
+    assert arena.mark() != first
+    arena.rewind(None)                       # an op that will not run again
+    assert arena.mark() is None

@@ -149,6 +149,21 @@ class _Blocks:
         return sum(len(b) for b in self.blocks) - sum(self.used)
 
 
+class ScratchMark:
+    """The running op's scratch state (by identity) and how many regions it has carved."""
+
+    __slots__ = ("state", "carved")
+
+    def __init__(self, state: tuple, carved: int):
+        self.state, self.carved = state, carved
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, ScratchMark) and self.state is other.state
+                and self.carved == other.carved)
+
+    __hash__ = None   # compared, never a key
+
+
 class ScratchArena:
     """Scratch regions for one operator run at a time, carved from reserved address space.
 
@@ -169,6 +184,10 @@ class ScratchArena:
         # of it is handed out: [bytes]; carving tries it before the arena's own blocks.
         self._room: np.ndarray | None = None
         self._room_used: list[int] = [0]
+        # The running op's state in _ops (None: an op that will not run again) and how many
+        # regions it has carved: `mark`.
+        self._state: tuple | None = None
+        self._carved: list[int] = [0]
         self.peak = 0                   # most bytes handed out to one op
         self.prefaulted = 0             # bytes at the start faulted in ahead of use
         # Debugging: a byte to fill the handed-out memory with when an op ends, so that an op
@@ -186,14 +205,15 @@ class ScratchArena:
                 self._room[:self._room_used[0]] = self.poison
         if op is None:
             self._regions, used, self._room_used = {}, [], [0]
-            self._room = None
+            self._room, self._state, self._carved = None, None, [0]
         else:
             state = self._ops.get(id(op))
             room = getattr(op, "scratch_room", None)
             if state is None or state[3] is not room:   # new op, or a new plan for it
-                state = self._ops[id(op)] = ({}, [], [0], room)
+                state = self._ops[id(op)] = ({}, [], [0], room, [0])
                 weakref.finalize(op, self._ops.pop, id(op), None).atexit = False
-            self._regions, used, self._room_used, self._room = state
+            self._regions, used, self._room_used, self._room, self._carved = state
+            self._state = state
         missing = len(self._blocks.blocks) - len(used)
         if missing:
             used.extend([0] * missing)   # blocks mapped since
@@ -209,7 +229,15 @@ class ScratchArena:
                 if region is None or region.size < size:
                     region = self._carve(size, np.dtype(dtype))
                     self._regions[(key, dtype)] = region
+                    self._carved[0] += 1
         return region[:size].reshape(shape)
+
+    def mark(self) -> ScratchMark | None:
+        """Equal marks: the running op's regions are the ones it had, where they were (calls
+        bound to them may run again); None for an op that will not run again."""
+        if self._state is None:
+            return None
+        return ScratchMark(self._state, self._carved[0])
 
     def prefault(self, nbytes: int) -> int:
         """Fault the first nbytes of the arena in now; returns the bytes newly faulted."""
@@ -349,6 +377,10 @@ class WorkspaceMemory:
         if self.arena is not None:
             self.arena.rewind(op)
             self._in_run = True
+
+    def scratch_mark(self) -> ScratchMark | None:
+        """The arena's `mark` while a net runs; None outside a run (per-key buffers)."""
+        return self.arena.mark() if self._in_run else None
 
     def end_run(self) -> None:
         """The net's run is over: scratch requests get per-key buffers again."""

@@ -99,6 +99,14 @@ class OpContext:
             return arena.get(key, shape, dtype)
         return self.ws.scratch(key, shape, dtype)
 
+    def scratch_mark(self) -> Any:
+        """Equal while this op's scratch regions stay where they are (netrun.core.memory
+        ScratchArena.mark); None: no such promise."""
+        arena = self._scratch
+        if arena is not None:
+            return arena.mark()
+        return self.ws.memory.scratch_mark()
+
 
 class Operator:
     """A validated, runnable operator (Caffe2's OperatorBase)."""

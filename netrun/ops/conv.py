@@ -324,16 +324,38 @@ def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu
         extra["bound"] = True   # nothing runs after the algorithm: its calls may repeat
     bound = getattr(algo, direction)(ctx.xp, *args, plan.problem, buf, ctx.scratch, **extra)
     if bound is not None:
-        generation, threads = ctx.ws.conv.generation, parallel.thread_count()
-        ctx.repeat_with(bound, lambda: (ctx.ws.conv.generation == generation
-                                        and parallel.thread_count() == threads),
-                        unchanged=(ctx.def_.inputs[1],))
+        _repeat(ctx, bound)
     if nhwc:
         out[...] = buf.transpose(0, 2, 3, 1)
     if residual is not None:
         relu_kernels.add_relu(ctx.xp, out, residual, out, relu)
     elif relu and not fused:
         relu_kernels.relu(ctx.xp, out, out)
+
+
+def _repeat(ctx, bound) -> None:
+    """The op's next runs are `bound`'s calls alone (OpContext.repeat_with) while the conv
+    settings, the thread count and the op's scratch regions stay; where the calls read a
+    kept copy of the filters, while W is not written; where they reorder W on every run,
+    while W is written between runs (training): constant filters are better kept, a copy
+    the kernel makes when it runs again."""
+    ws, w = ctx.ws, ctx.def_.inputs[1]
+    generation, threads, mark = ws.conv.generation, parallel.thread_count(), ctx.scratch_mark()
+    if mark is None:   # scratch outside a net's run: no promise that it stays
+        bound.close()
+        return
+    last = [ws.version(w)]
+
+    def holds() -> bool:
+        if not (ws.conv.generation == generation and parallel.thread_count() == threads
+                and ctx.scratch_mark() == mark):
+            return False
+        if bound.reorders_filters:
+            version, before = ws.version(w), last[0]
+            last[0] = version
+            return version != before
+        return True
+    ctx.repeat_with(bound, holds, unchanged=(w,) if bound.reads_kept_filters else ())
 
 
 def _forward(ctx, X, W, b, S=None) -> None:
@@ -371,7 +393,11 @@ def _backward(ctx, X, W, dY) -> None:
         both = (_algo(ctx, plan, "backward_filter", (x, dy), dW),
                 _algo(ctx, plan, "backward_data", (dy, w), dX))
         if both[0] is both[1]:   # one algorithm for both: it may share work between them
-            both[0].backward(xp, x, dy, w, plan.problem, dX, dW, ctx.scratch, dbias=db)
+            extra = {"bound": True} if both[0].binds_calls else {}
+            bound = both[0].backward(xp, x, dy, w, plan.problem, dX, dW, ctx.scratch,
+                                     dbias=db, **extra)
+            if bound is not None:   # the whole op: its calls may repeat
+                _repeat(ctx, bound)
             return
     if ctx.def_.type == "ConvGradient":   # db = Σ dY comes with the filter gradient
         _run(ctx, plan, dW, nhwc, "backward_filter", (x, dy), dbias=db)

@@ -141,10 +141,14 @@ class OneDNNConv(ConvAlgorithm):
                                  bias=bias, dst=y, **extra)
             if after is not None:
                 after.finish(blocked, y, 0, p.n)
-            elif y is out and bound and kept is not None:
-                # nothing but oneDNN calls, on filters kept between runs: the caller may run
-                # them again as they are while w is not written
-                return engine.bind(team, team.threads, scratch, {"weights": kept}, src=x,
+            elif y is out and bound:
+                # nothing but oneDNN calls: the caller may run them again as they are, while
+                # w is not written where they read filters kept between runs (inference),
+                # and while the arrays stay where they are where they reorder w each run
+                if kept is not None:
+                    return engine.bind(team, team.threads, scratch, {"weights": kept}, src=x,
+                                       bias=bias, dst=y, **extra)
+                return engine.bind(team, team.threads, scratch, None, src=x, weights=w,
                                    bias=bias, dst=y, **extra)
         else:
             staged = _Filters(w, scratch, filters)
@@ -164,7 +168,10 @@ class OneDNNConv(ConvAlgorithm):
         if y is not out:
             out[...] = y
 
-    def backward_data(self, xp, dy, w, p, out, scratch):
+    # The gradients: with bound=True, a pass whose chunks ran as one team call on the
+    # caller's own arrays returns them bound (team.BoundTeam), to be run again while the
+    # arrays and the op's scratch stay where they are; otherwise None.
+    def backward_data(self, xp, dy, w, p, out, scratch, bound=False):
         dy, w = _c(dy), _c(w)
         dx = _writable(out, scratch, "onednn.dx")
 
@@ -176,11 +183,12 @@ class OneDNNConv(ConvAlgorithm):
                                           diff_src=dx[n0:n1])
             return _Chunk(calls, held)
 
-        _chunked(p, scratch, chunk)
+        again = _chunked(p, scratch, chunk, filters, bound and dx is out)
         if dx is not out:
             out[...] = dx
+        return again
 
-    def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
+    def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None, bound=False):
         x, dy = _c(x), _c(dy)
         dw = _writable(out, scratch, "onednn.dw")
 
@@ -188,11 +196,12 @@ class OneDNNConv(ConvAlgorithm):
             d = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None)
             return _filter_chunk(d, s, index, x[n0:n1], dy[n0:n1], dw, dbias, {})
 
-        _chunked(p, scratch, chunk)
+        again = _chunked(p, scratch, chunk, None, bound and dw is out)
         if dw is not out:
             out[...] = dw
+        return again
 
-    def backward(self, xp, x, dy, w, p, dx, dw, scratch, dbias=None):
+    def backward(self, xp, x, dy, w, p, dx, dw, scratch, dbias=None, bound=False):
         """Both gradients chunk by chunk, dY reordered into oneDNN's layout once for both."""
         x, dy, w = _c(x), _c(dy), _c(w)
         gx = _writable(dx, scratch, "onednn.dx")
@@ -213,11 +222,12 @@ class OneDNNConv(ConvAlgorithm):
             return _Chunk(calls + more + rest.calls, held + more_held + rest.held,
                           commit=rest.commit)
 
-        _chunked(p, scratch, chunk)
+        again = _chunked(p, scratch, chunk, filters, bound and gx is dx and gw is dw)
         if gx is not dx:
             dx[...] = gx
         if gw is not dw:
             dw[...] = gw
+        return again
 
 
 def _filter_chunk(d, s, index: int, x, dy, dw, dbias, staged: dict) -> _Chunk:
@@ -251,25 +261,34 @@ class _Chunk:
     commit: Callable[[], None] | None = None
 
 
-def _chunked(p: ConvProblem, scratch, chunk: Callable[..., _Chunk]) -> None:
+def _chunked(p: ConvProblem, scratch, chunk: Callable[..., _Chunk],
+             filters: _Filters | None = None, bind: bool = False) -> on_team.BoundTeam | None:
     """chunk(index, n0, n1, scratch) over the problem's fixed batch chunks. Several chunks
     run on the OpenMP team in one call (netrun.kernels.onednn.team) where it can run, chunk i
     with the scratch of slot i % team size (as on worker threads: a slot's chunks run one
-    after another), then their `then` and commits in chunk order; otherwise each on a
-    worker thread (netrun.kernels.parallel), or the one chunk on this thread."""
+    after another), then their `then` and commits in chunk order; with `bind`, that call is
+    returned bound (filters, the chunks' shared filters, reordered by its first steps).
+    Otherwise each chunk runs on a worker thread (netrun.kernels.parallel), or the one chunk
+    on this thread, and None is returned."""
     spans = _batch_spans(p)
     if len(spans) > 1 and omp.usable(np) and not parallel.in_chunk():
         slots = omp.team_size(len(spans))
+        if filters is not None:
+            filters.defer = bind
         # slot w's scratch is worker w's (slot < slots <= the thread count)
         planned = [chunk(i, n0, n1, parallel.chunk_scratch(scratch, i % slots))
                    for i, (n0, n1) in enumerate(spans)]
+        after = [f for c in planned for f in (c.then, c.commit) if f is not None]
+        if bind:
+            bound = on_team.BoundTeam([c.calls for c in planned], slots,
+                                      first=filters.steps if filters else (), after=after,
+                                      held=[c.held for c in planned])
+            bound.run()
+            return bound
         on_team.run([c.calls for c in planned], slots)
-        for c in planned:
-            if c.then is not None:
-                c.then()
-            if c.commit is not None:
-                c.commit()
-        return
+        for step in after:
+            step()
+        return None
 
     def work(index, n0, n1):
         c = chunk(index, n0, n1, parallel.chunk_scratch(scratch, index))
@@ -371,6 +390,9 @@ class _Filters:
         self.w, self.scratch, self.kept = w, scratch, kept
         self.ready: list = []
         self.lock = threading.Lock()
+        # defer: leave the reorders in `steps` for the caller to run (before the chunks that
+        # read them) instead of running them when asked
+        self.defer, self.steps = False, []
 
     def staged(self, d) -> dict:
         """{"weights": the filters in d's layout}, reordered by the first chunk that asks."""
@@ -378,8 +400,14 @@ class _Filters:
             for ready in self.ready:   # chunks of another size may want another layout
                 if ready.md == d.chosen["weights"]:
                     return {"weights": ready}
-            ready = _kept(d, self.w, self.kept) or engine.stage(
-                d, 1, "weights", self.w, self.scratch, f"onednn.weights_staged{len(self.ready)}")
+            ready = _kept(d, self.w, self.kept)
+            if ready is None:
+                key = f"onednn.weights_staged{len(self.ready)}"
+                if self.defer:
+                    ready, steps = engine.stage_steps(d, "weights", self.w, self.scratch, key)
+                    self.steps += steps
+                else:
+                    ready = engine.stage(d, 1, "weights", self.w, self.scratch, key)
             self.ready.append(ready)
             return {"weights": ready}
 

@@ -415,6 +415,9 @@ class BoundCall:
         _check(arrays.values())
         self.d, self.count, self.scratch = d, count, scratch
         self.staged, self.arrays = staged, arrays
+        # staged filters (a copy kept while w is not written), or w reordered on every run
+        self.reads_kept_filters = bool(staged and "weights" in staged)
+        self.reorders_filters = "weights" in d.reorders and not self.reads_kept_filters
         # the region holds the scratchpad and the copies of arguments not staged: none at
         # all for a direct kernel on blocked arrays with kept filters
         self.uses_region = bool(d.prim.scratch_bytes) or any(
