@@ -452,11 +452,14 @@ class BoundCall:
                 self._bind(base)
         lib = self.d.lib
         execute, stream = lib.lib.dnnl_primitive_execute, lib.stream()
-        with threads.running(self.count):
+        before = threads.set_count(self.count)
+        try:
             for handle, n, packed, impl in self.calls:
                 status = execute(handle, stream, n, packed)
                 if status:
                     lib.check(status, f"primitive_execute ({impl}, a bound call)")
+        finally:
+            threads.restore(before)
 
     def close(self) -> None:
         """Release the memory objects now."""
