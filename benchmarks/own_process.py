@@ -96,7 +96,7 @@ def _serve(conn) -> None:
                 answer = _profile(target, *args)
             else:
                 raise ValueError(f"unknown request {kind!r}")
-        except BaseException:   # the parent reports it; the child keeps serving
+        except Exception:   # the parent reports it; the child keeps serving
             conn.send(("error", traceback.format_exc()))
             continue
         conn.send(("ok", answer))

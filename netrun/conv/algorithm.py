@@ -51,10 +51,10 @@ class ConvAlgorithm:
     fuses_relu = False     # forward takes relu=True and applies it itself (a post-op)
     fuses_residual = False  # forward takes residual=S: out = conv + bias + S, then the ReLU
     keeps_filters = False  # forward takes filters=KeptFilters (see there)
-    # every pass takes bound=True and may return its calls bound to these arrays (an object
-    # with run() and close(); `reads_kept_filters`: it reads a copy of w kept while w is not
-    # written; `reorders_filters`: a forward pass that reorders w on every run), to be run
-    # again while they and the op's scratch stay
+    # forward and backward (both gradients) take bound=True and may return their calls bound
+    # to these arrays (an object with run() and close(); `reads_kept_filters`: it reads a
+    # copy of w kept while w is not written; `reorders_filters`: a forward pass that reorders
+    # w on every run), to be run again while they and the op's scratch stay
     binds_calls = False
     summary = ""           # one line for `netrun algos` and profiles
 

@@ -184,10 +184,8 @@ class ScratchArena:
         # of it is handed out: [bytes]; carving tries it before the arena's own blocks.
         self._room: np.ndarray | None = None
         self._room_used: list[int] = [0]
-        # The running op's state in _ops (None: an op that will not run again) and how many
-        # regions it has carved: `mark`.
+        # The running op's state in _ops (None: an op that will not run again): `mark`.
         self._state: tuple | None = None
-        self._carved: list[int] = [0]
         self.peak = 0                   # most bytes handed out to one op
         self.prefaulted = 0             # bytes at the start faulted in ahead of use
         # Debugging: a byte to fill the handed-out memory with when an op ends, so that an op
@@ -205,14 +203,15 @@ class ScratchArena:
                 self._room[:self._room_used[0]] = self.poison
         if op is None:
             self._regions, used, self._room_used = {}, [], [0]
-            self._room, self._state, self._carved = None, None, [0]
+            self._room, self._state = None, None
         else:
             state = self._ops.get(id(op))
             room = getattr(op, "scratch_room", None)
             if state is None or state[3] is not room:   # new op, or a new plan for it
+                # (its regions, its use of each block, of its room, the room, [regions carved])
                 state = self._ops[id(op)] = ({}, [], [0], room, [0])
                 weakref.finalize(op, self._ops.pop, id(op), None).atexit = False
-            self._regions, used, self._room_used, self._room, self._carved = state
+            self._regions, used, self._room_used, self._room, _ = state
             self._state = state
         missing = len(self._blocks.blocks) - len(used)
         if missing:
@@ -229,7 +228,8 @@ class ScratchArena:
                 if region is None or region.size < size:
                     region = self._carve(size, np.dtype(dtype))
                     self._regions[(key, dtype)] = region
-                    self._carved[0] += 1
+                    if self._state is not None:
+                        self._state[4][0] += 1   # regions carved: `mark`
         return region[:size].reshape(shape)
 
     def mark(self) -> ScratchMark | None:
@@ -237,7 +237,7 @@ class ScratchArena:
         bound to them may run again); None for an op that will not run again."""
         if self._state is None:
             return None
-        return ScratchMark(self._state, self._carved[0])
+        return ScratchMark(self._state, self._state[4][0])
 
     def prefault(self, nbytes: int) -> int:
         """Fault the first nbytes of the arena in now; returns the bytes newly faulted."""

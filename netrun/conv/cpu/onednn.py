@@ -120,9 +120,9 @@ class OneDNNConv(ConvAlgorithm):
                 residual=None, layout=engine.NCHW, bound=False):
         """`layout` (netrun.kernels.onednn.conv.Layout) says whether x, out and residual are
         channel-blocked arrays rather than NCHW (`blocked_layouts`). With bound=True, a pass
-        that was nothing but one plan's oneDNN calls on kept filters returns them bound to
-        these arrays (engine.BoundCall), for the caller to run again while they stay where
-        they are and w is not written."""
+        that was nothing but one plan's oneDNN calls returns them bound to these arrays
+        (engine.BoundCall), for the caller to run again while they stay where they are (and
+        w unwritten where the calls read a kept copy of it)."""
         x, w = _c(x), _c(w)
         bias = None if bias is None else _c(bias)
         y = _writable(out, scratch, "onednn.y")
@@ -168,10 +168,7 @@ class OneDNNConv(ConvAlgorithm):
         if y is not out:
             out[...] = y
 
-    # The gradients: with bound=True, a pass whose chunks ran as one team call on the
-    # caller's own arrays returns them bound (team.BoundTeam), to be run again while the
-    # arrays and the op's scratch stay where they are; otherwise None.
-    def backward_data(self, xp, dy, w, p, out, scratch, bound=False):
+    def backward_data(self, xp, dy, w, p, out, scratch):
         dy, w = _c(dy), _c(w)
         dx = _writable(out, scratch, "onednn.dx")
 
@@ -183,12 +180,11 @@ class OneDNNConv(ConvAlgorithm):
                                           diff_src=dx[n0:n1])
             return _Chunk(calls, held)
 
-        again = _chunked(p, scratch, chunk, filters, bound and dx is out)
+        _chunked(p, scratch, chunk)
         if dx is not out:
             out[...] = dx
-        return again
 
-    def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None, bound=False):
+    def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
         x, dy = _c(x), _c(dy)
         dw = _writable(out, scratch, "onednn.dw")
 
@@ -196,13 +192,15 @@ class OneDNNConv(ConvAlgorithm):
             d = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None)
             return _filter_chunk(d, s, index, x[n0:n1], dy[n0:n1], dw, dbias, {})
 
-        again = _chunked(p, scratch, chunk, None, bound and dw is out)
+        _chunked(p, scratch, chunk)
         if dw is not out:
             out[...] = dw
-        return again
 
     def backward(self, xp, x, dy, w, p, dx, dw, scratch, dbias=None, bound=False):
-        """Both gradients chunk by chunk, dY reordered into oneDNN's layout once for both."""
+        """Both gradients chunk by chunk, dY reordered into oneDNN's layout once for both.
+        With bound=True, where the chunks ran as one team call on dx and dw themselves, that
+        call is returned bound (team.BoundTeam), for the caller to run again while the
+        arrays and the op's scratch stay where they are; otherwise None."""
         x, dy, w = _c(x), _c(dy), _c(w)
         gx = _writable(dx, scratch, "onednn.dx")
         gw = _writable(dw, scratch, "onednn.dw")

@@ -442,7 +442,7 @@ class BoundCall:
             calls.append((prim.handle, len(args), packed, prim.impl))
             releases.append(release)
         self.base, self.calls = base, calls
-        self._finalizer = weakref.finalize(self, _release_all, releases)
+        self._finalizer = weakref.finalize(self, release_all, releases)
 
     def run(self) -> None:
         """The calls again, on `count` OpenMP threads of this thread."""
@@ -450,16 +450,7 @@ class BoundCall:
             base = self._region()
             if base != self.base:
                 self._bind(base)
-        lib = self.d.lib
-        execute, stream = lib.lib.dnnl_primitive_execute, lib.stream()
-        before = threads.set_count(self.count)
-        try:
-            for handle, n, packed, impl in self.calls:
-                status = execute(handle, stream, n, packed)
-                if status:
-                    lib.check(status, f"primitive_execute ({impl}, a bound call)")
-        finally:
-            threads.restore(before)
+        run_bound(self.d.lib, self.calls, self.count)
 
     def close(self) -> None:
         """Release the memory objects now."""
@@ -467,7 +458,22 @@ class BoundCall:
             self._finalizer()
 
 
-def _release_all(releases: list) -> None:
+def run_bound(lib: api.Library, calls: list, count: int) -> None:
+    """Bound calls (handle, argument count, packed arguments, kernel name) in order, on
+    `count` OpenMP threads of this thread."""
+    execute, stream = lib.lib.dnnl_primitive_execute, lib.stream()
+    before = threads.set_count(count)
+    try:
+        for handle, n, packed, impl in calls:
+            status = execute(handle, stream, n, packed)
+            if status:
+                lib.check(status, f"primitive_execute ({impl}, a bound call)")
+    finally:
+        threads.restore(before)
+
+
+def release_all(releases: list) -> None:
+    """Release every argument set (Primitive.bound_once's release functions)."""
     for release in releases:
         release()
 

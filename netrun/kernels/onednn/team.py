@@ -24,7 +24,8 @@ import numpy as np
 
 from netrun.kernels import jit, omp
 from netrun.kernels.jit import team_kernel
-from netrun.kernels.onednn import api, threads
+from netrun.kernels.onednn import api
+from netrun.kernels.onednn import conv as engine
 
 Step = tuple   # (api.Primitive, [(argument index, MemoryDesc, pointer), ...])
 
@@ -78,41 +79,21 @@ class BoundTeam:
         prepare()
         self.lib, self.slots = api.get(), slots
         self.after, self.held = list(after), list(held)
-        rows = [(prim, args) for steps in chunks for prim, args in steps]
         packed, releases = [], []
-        for prim, args in [*first, *rows]:
+        for prim, args in [*first, *_rows(chunks)]:
             one, release = prim.bound_once(args)
             packed.append(one)
             releases.append(release)
-        self._finalizer = weakref.finalize(self, _release_all, releases)
-        self._packed = packed   # the argument arrays the addresses below point into
+        self._finalizer = weakref.finalize(self, engine.release_all, releases)
+        self._packed = packed   # the argument arrays the table's addresses point into
         self.first = [(prim.handle, len(args), one, prim.impl)
                       for (prim, args), one in zip(first, packed)]
-        self.rows = [prim.impl for prim, _ in rows]
-        self.table = (np.cumsum([0] + [len(steps) for steps in chunks], dtype=np.int64),
-                      np.array([prim.handle.value for prim, _ in rows], dtype=np.uint64),
-                      np.array([len(args) for _, args in rows], dtype=np.int32),
-                      np.array([ctypes.addressof(p) for p in packed[len(first):]],
-                               dtype=np.uint64))
-        self.status = np.zeros(len(rows), dtype=np.int32)
+        self.table = _Table(chunks, packed[len(first):])
 
     def run(self) -> None:
         """The steps again: `first`, the chunks on the team, then `after`."""
-        lib = self.lib
-        if self.first:
-            execute, stream = lib.lib.dnnl_primitive_execute, lib.stream()
-            with threads.running(1):
-                for handle, n, packed, impl in self.first:
-                    status = execute(handle, stream, n, packed)
-                    if status:
-                        lib.check(status, f"primitive_execute ({impl}, a bound call)")
-        # this thread's streams: the op may run on another thread than the one that bound it
-        streams = np.array(lib.streams(self.slots), dtype=np.uint64)
-        omp.launch(execute_table, self.slots, *self.table, streams, self.status)
-        if self.status.any():
-            j = int(np.flatnonzero(self.status)[0])
-            code, self.status[:] = int(self.status[j]), 0
-            lib.check(code, f"primitive_execute ({self.rows[j]}, on the team, bound)")
+        engine.run_bound(self.lib, self.first, 1)
+        self.table.launch(self.lib, self.slots, "on the team, bound")
         for step in self.after:
             step()
 
@@ -121,9 +102,31 @@ class BoundTeam:
         self._finalizer()
 
 
-def _release_all(releases: list) -> None:
-    for release in releases:
-        release()
+class _Table:
+    """execute_table's arguments for chunks whose calls are bound (`packed`, row by row)."""
+
+    def __init__(self, chunks: Sequence[Sequence[Step]], packed: Sequence):
+        rows = _rows(chunks)
+        self.impls = [prim.impl for prim, _ in rows]
+        self.arrays = (np.cumsum([0] + [len(steps) for steps in chunks], dtype=np.int64),
+                       np.array([prim.handle.value for prim, _ in rows], dtype=np.uint64),
+                       np.array([len(args) for _, args in rows], dtype=np.int32),
+                       np.array([ctypes.addressof(p) for p in packed], dtype=np.uint64))
+        self.status = np.zeros(len(rows), dtype=np.int32)
+
+    def launch(self, lib: api.Library, slots: int, where: str) -> None:
+        """One team call of every chunk; a failed call is an error naming its kernel."""
+        # this thread's streams: a bound op may run on another thread than the one that bound it
+        streams = np.array(lib.streams(slots), dtype=np.uint64)
+        omp.launch(execute_table, slots, *self.arrays, streams, self.status)
+        if self.status.any():
+            j = int(np.flatnonzero(self.status)[0])
+            code, self.status[:] = int(self.status[j]), 0
+            lib.check(code, f"primitive_execute ({self.impls[j]}, {where})")
+
+
+def _rows(chunks: Sequence[Sequence[Step]]) -> list[Step]:
+    return [(prim, args) for steps in chunks for prim, args in steps]
 
 
 def run(chunks: Sequence[Sequence[Step]], slots: int) -> None:
@@ -131,9 +134,7 @@ def run(chunks: Sequence[Sequence[Step]], slots: int) -> None:
     slot c % slots, whose scratch its steps use (netrun.kernels.parallel.chunk_scratch's
     rule), after the slot's chunks before it."""
     prepare()
-    lib = api.get()
-    rows = [(prim, args) for steps in chunks for prim, args in steps]
-    starts = np.cumsum([0] + [len(steps) for steps in chunks], dtype=np.int64)
+    rows = _rows(chunks)
     # kept alive until the call returns: a primitive used more often than it keeps bound
     # argument sets would otherwise release the first ones while binding the last
     uses = Counter(id(prim) for prim, _ in rows)
@@ -145,16 +146,7 @@ def run(chunks: Sequence[Sequence[Step]], slots: int) -> None:
             releases.append(release)
         else:
             packed.append(prim.bound(args))
-    primitives = np.array([prim.handle.value for prim, _ in rows], dtype=np.uint64)
-    counts = np.array([len(args) for _, args in rows], dtype=np.int32)
-    arguments = np.array([ctypes.addressof(p) for p in packed], dtype=np.uint64)
-    streams = np.array(lib.streams(slots), dtype=np.uint64)
-    status = np.zeros(len(rows), dtype=np.int32)
     try:
-        omp.launch(execute_table, slots, starts, primitives, counts, arguments, streams, status)
+        _Table(chunks, packed).launch(api.get(), slots, "on the team")
     finally:
-        for release in releases:
-            release()
-    if status.any():
-        j = int(np.flatnonzero(status)[0])
-        lib.check(int(status[j]), f"primitive_execute ({rows[j][0].impl}, on the team)")
+        engine.release_all(releases)
