@@ -294,3 +294,42 @@ def test_the_scratch_mark_holds_while_an_ops_regions_stay_where_they_are():
     assert arena.mark() != first
     arena.rewind(None)                       # an op that will not run again
     assert arena.mark() is None
+
+
+def test_an_fc_and_a_global_pooling_repeat_their_one_call_as_inputs_change_in_place():
+    """A classifier's head at batch 1: the FC's one BLAS call and the blocked global
+    pooling's one compiled call repeat, following X and W refilled in place, and the kernels
+    run again when X is a new array."""
+    from netrun.kernels import jit
+
+    rng = np.random.default_rng(11)
+    ws = netrun.Workspace()
+    net = netrun.NetDef(name="head", ops=[
+        netrun.op("AveragePool", ["X"], ["P"], global_pooling=1),
+        netrun.op("FC", ["P", "W", "b"], ["Y"])])
+
+    def want(x, w, b):
+        pooled = x.mean(axis=(2, 3)).reshape(x.shape[0], -1)
+        return pooled @ w.T + b
+
+    x = rng.standard_normal((1, 2, 4, 4, 8)).astype(np.float32)   # blocked: 16 channels
+    w, b = rng.standard_normal((5, 16)).astype(np.float32), np.ones(5, np.float32)
+    for name, value in (("X", x), ("W", w), ("b", b)):
+        ws.feed_blob(name, value)
+    ws.create_net(net)
+    ws.run_net("head")
+    ops = ws._nets["head"].ops
+    # the pooling's one call is the compiled kernel's (NumPy's reduction does not offer it)
+    offered = [True, True] if jit.enabled(np) else [False, True]
+    assert [o._repeat is not None for o in ops] == offered
+    for step in range(3):
+        x, w = x + 1, w * 0.5
+        ws.refill_blob("X", x)
+        ws.refill_blob("W", w)
+        ws.run_net("head")
+        assert [o._repeat is not None for o in ops] == offered
+        np.testing.assert_allclose(ws.fetch_blob("Y"), want(x, w, b), rtol=1e-5, atol=1e-5)
+    ws.feed_blob("X", x[:, :, :2])          # a new array: both kernels run again
+    ws.run_net("head")
+    np.testing.assert_allclose(ws.fetch_blob("Y"), want(x[:, :, :2], w, b), rtol=1e-5,
+                               atol=1e-5)

@@ -5,6 +5,8 @@ engine is there, NumPy's strided copies otherwise; pure copies, so the bits neve
 the threads."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -56,13 +58,19 @@ def to_nchw(xp: Any, x, out) -> None:
     out[...] = full[:, :c]
 
 
-def global_pool(xp: Any, x, out, average: bool) -> None:
+def global_pool(xp: Any, x, out, average: bool) -> Callable[[], None] | None:
     """out (N × ⌈C/B⌉ × 1 × 1 × B) = the mean (average) or maximum of blocked x over its
-    pixels; the padding channels stay 0."""
+    pixels; the padding channels stay 0. Returns the pass as one call on views of x and out,
+    to repeat while they stay, where it was one compiled call (a small batch); else None."""
     n, blocks, h, w, block = x.shape
     if _compiled(xp, x, out):
         xs, os_ = x.reshape(n, blocks, h * w, block), out.reshape(n, blocks, block)
+        if parallel.chunk_count(n, n * x[0].nbytes // 4) == 1:
+            call = partial(jit_blocked.global_pool, xs, os_, average)
+            call()
+            return call
         _images(xp, n, x[0].nbytes, lambda n0, n1: jit_blocked.global_pool(
             xs[n0:n1], os_[n0:n1], average))
-        return
+        return None
     (xp.mean if average else xp.max)(x, axis=(2, 3), keepdims=True, out=out)
+    return None

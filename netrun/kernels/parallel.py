@@ -182,12 +182,18 @@ def matmuls(xp: Any, products: Sequence[tuple[Any, Any, Any]]) -> None:
             xp.matmul(a, b, out=out)
         return
     flops = sum(2 * out.size * a.shape[-1] for a, _, out in products)
-    if flops < 2 * GEMM_MIN_FLOPS:   # too little for a hand-off
+    if flops < 2 * GEMM_MIN_FLOPS:   # too little for a hand-off (`one_call`)
         pin_blas()
         for a, b, out in products:
             np.matmul(a, b, out=out)
         return
     _run([job for a, b, out in products for job in _product_blocks(a, b, out)], "gemm block")
+
+
+def one_call(xp: Any, a, out) -> bool:
+    """Whether `matmul` computes out = a @ b as one BLAS call on the calling thread (too
+    little work for a hand-off), on any thread count."""
+    return xp is np and 2 * out.size * a.shape[-1] < 2 * GEMM_MIN_FLOPS
 
 
 def _product_blocks(a, b, out) -> list[Callable[[], None]]:

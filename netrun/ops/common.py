@@ -34,6 +34,20 @@ def require_same_shape(what: str, names: tuple[str, str], a: TensorSpec, b: Tens
                          f"they must match")
 
 
+class RepeatCall:
+    """An op's whole run as one call on the arrays of its last run: the `bound` that
+    OpContext.repeat_with repeats while those arrays stay, for ops whose Python costs more
+    than their arithmetic at batch 1 (a classifier's FC, a global pooling)."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, call):
+        self.run = call
+
+    def close(self) -> None:
+        """Nothing to release: the call holds only views of the op's arrays."""
+
+
 def fmt(shape: Sequence[int]) -> str:
     """A shape as error messages print it: 2×3×4 (or 'scalar')."""
     return str(TensorSpec(tuple(shape)))

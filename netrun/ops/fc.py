@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
@@ -10,7 +11,7 @@ from netrun.core.registry import register_kernel
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import ShapeError
 from netrun.kernels import parallel
-from netrun.ops.common import fmt
+from netrun.ops.common import RepeatCall, fmt
 from netrun.ops.elementwise import broadcast_shapes, sum_to
 
 
@@ -72,8 +73,19 @@ def fc(ctx, X, W, b):
         _check_bias(n, TensorSpec(W.shape), TensorSpec(b.shape))
     Y = ctx.output(0, X.shape[:axis] + (n,), X.dtype)
     Y2 = Y.reshape(m, n)                                   # (M, N), a view of Y
-    parallel.matmul(xp, X.reshape(m, k), W.reshape(n, k).T, Y2)  # (M, K)·(K, N)
+    a, wt = X.reshape(m, k), W.reshape(n, k).T
+    parallel.matmul(xp, a, wt, Y2)                         # (M, K)·(K, N)
     Y2 += b
+    # one BLAS call on views of the inputs (contiguous ones reshape to views): the next
+    # runs make the same call, without the checks above
+    if parallel.one_call(xp, a, Y2) and X.flags.c_contiguous and W.flags.c_contiguous:
+        ctx.repeat_with(RepeatCall(partial(_fc_again, a, wt, Y2, b)))
+
+
+def _fc_again(a, wt, y, b) -> None:
+    """y = a·wt + b, as `fc` computes it."""
+    np.matmul(a, wt, out=y)
+    np.add(y, b, out=y)
 
 
 def _fc_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:

@@ -29,7 +29,7 @@ from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
 from netrun.kernels.geometry import ConvGeometry
-from netrun.ops.common import conv_pool_args, same_as_input
+from netrun.ops.common import RepeatCall, conv_pool_args, same_as_input
 
 BLOCK_BYTES = 1 << 20   # input bytes per batch block, sized for cache (see benchmarks/README.md)
 _POOL_ARGS = conv_pool_args() + (
@@ -251,7 +251,9 @@ def _pool_blocked(ctx, X, average: bool) -> bool:
     spec = _blocked_global(ctx.args, TensorSpec(tuple(X.shape), str(X.dtype)))
     if spec is None:
         return False
-    layouts.global_pool(ctx.xp, X, ctx.output(0, spec.shape, X.dtype), average)
+    again = layouts.global_pool(ctx.xp, X, ctx.output(0, spec.shape, X.dtype), average)
+    if again is not None:
+        ctx.repeat_with(RepeatCall(again))
     return True
 
 

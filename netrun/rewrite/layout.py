@@ -6,7 +6,8 @@ costs two passes over memory per layer, more than a small layer's arithmetic. Pl
 bind (the IDEEP design), a value stays blocked from the conv that writes it to the convs and
 elementwise ops that read it, and reorder ops (netrun.ops.layout) sit only at the boundaries
 of such regions: where an op that knows only NCHW reads a blocked value, and where an
-elementwise op mixes layouts.
+elementwise op mixes layouts. An FC reads a global pooling's blocked result as it is: one
+pixel in whole blocks is NCHW's order already.
 
 Which values are blocked: the output of a Conv that can run on oneDNN (2-D, NCHW, group 1,
 float32 filters, no other fixed algorithm) when at least one reader can take it blocked, the
@@ -57,6 +58,13 @@ def _elementwise(o: OperatorDef) -> bool:
     return o.type != "Add" or (len(o.inputs) == 2 and not int(o.args.get("broadcast", 0)))
 
 
+def _flattens_channels(o: OperatorDef) -> bool:
+    """Whether o reads its X flattened from the channels on (an FC at axis 1): of one pixel
+    and whole blocks, N × C/B × 1 × 1 × B flattens to N × C in NCHW's order, so a
+    classifier's FC reads global pooling's blocked result without a reorder."""
+    return o.type == "FC" and int(o.args.get("axis", 1)) == 1
+
+
 def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
                  ctx: Context) -> LayoutPlan:
     """The plan for channel blocks of `block`, as described in the module doc."""
@@ -78,6 +86,7 @@ def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
 
     out = LayoutPlan([])
     channels: dict[str, int] = {}     # blocked value name -> its channels (C, unpadded)
+    pixel: set[str] = set()           # blocked values of one pixel (global pooling's)
     copies: dict[str, str] = {}       # blocked value name -> its NCHW copy's name
     blocked_in: dict[str, str] = {}   # NCHW name -> its blocked copy's name
 
@@ -131,6 +140,8 @@ def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
             twin = name if _holds_one_value(i, name) else ctx.fresh(f"{name}_blocked")
             made = o if twin == name else o.with_(outputs=(twin,))
             channels[twin] = width
+            if o.type in ("MaxPool", "AveragePool"):
+                pixel.add(twin)
             out.blocked.append(made.label)
             if twin != name:
                 out.ops.append(made)
@@ -138,7 +149,9 @@ def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
                                    f"{name}_to_nchw")
                 out.reorders.append(made.label)
         else:
-            made = o.with_(inputs=tuple(nchw(n) for n in o.inputs)) if any(
+            made = o.with_(inputs=tuple(
+                n if k == 0 and _flattens_channels(o) and n in pixel and channels[n] % block == 0
+                else nchw(n) for k, n in enumerate(o.inputs))) if any(
                 n in channels for n in o.inputs) else o
         out.ops.append(made)
         for name in made.outputs:   # a blocked copy of the name's old value is stale now

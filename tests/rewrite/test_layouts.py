@@ -187,14 +187,34 @@ def test_resnet20_predict_net(monkeypatch, batch):
         ws.run_net(done.net.name)
         outs[layouts] = ws.fetch_blob(model.outputs[0])
         if layouts:
-            # every conv and the global pooling; one reorder, of the pooled features
+            # every conv and the global pooling; no reorder: the FC reads the pooled
+            # features blocked (one pixel, 64 channels in whole blocks)
             assert done.counts()["blocked_layout"] == 22
-            assert done.counts()["reorder"] == 1
+            assert "reorder" not in done.counts()
             pool = next(o for o in done.net.ops if o.type == "AveragePool")
-            reorder = next(o for o in done.net.ops if o.type == "BlockedToNCHW")
-            assert reorder.inputs == pool.outputs
+            fc = next(o for o in done.net.ops if o.type == "FC")
+            assert fc.inputs[0] == pool.outputs[0]
     scale = np.abs(outs[False]).max()
     np.testing.assert_allclose(outs[True], outs[False], rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("channels, pool, reorders", [
+    (16, "AveragePool", 0), (16, "MaxPool", 0),
+    (12, "AveragePool", 1),    # a block and a half: the padding would reach the FC
+    (16, None, 0)])            # a conv's 3×3 pixels: left NCHW, as no reader takes it blocked
+def test_an_fc_reads_global_pooling_blocked_only_where_the_order_is_nchws(
+        monkeypatch, channels, pool, reorders):
+    rng = np.random.default_rng(9)
+    blobs = {"X": rng.standard_normal((2, 3, 3, 3)).astype(np.float32),
+             **_weights(rng, {"W1": (channels, 3, 3, 3), "Wf": (4, channels * (1 if pool else 9))}),
+             "bf": rng.standard_normal(4).astype(np.float32)}
+    ops = [_conv("X", "W1", "a")]
+    if pool:
+        ops.append(op(pool, ["a"], ["p"], global_pooling=1))
+    ops.append(op("FC", ["p" if pool else "a", "Wf", "bf"], ["y"]))
+    net = NetDef("head", ops, ["X", "W1", "Wf", "bf"], ["y"])
+    done = _both(net, blobs, ["y"], monkeypatch)
+    assert [o.type for o in done.net.ops].count("BlockedToNCHW") == reorders
 
 
 @pytest.mark.parametrize("name", ["lenet.prototxt", "cifar10_quick.prototxt"])

@@ -176,14 +176,16 @@ def test_inspect_shows_the_rewritten_net_and_no_fuse_turns_it_off():
 
 def test_inspect_shows_the_layout_plan(monkeypatch):
     """With oneDNN, the rewritten predict net is the one bound on this CPU: blocked convs
-    (5-D shapes) and the reorder before the pooling; NETRUN_LAYOUTS=off shows none."""
+    (5-D shapes) up to the FC, which reads the pooled features blocked (no reorder);
+    NETRUN_LAYOUTS=off shows none."""
     from netrun.kernels import onednn
 
     if not onednn.available():
         pytest.skip("oneDNN is not installed: there is no layout plan")
     planned = _run("inspect", RESNET20, "--rewritten")
-    assert "blocked_layout:" in planned and "BlockedToNCHW" in planned
+    assert "blocked_layout:" in planned and "BlockedToNCHW" not in planned
     assert "1×2×32×32×8" in planned or "1×1×32×32×16" in planned
+    assert "1×8×1×1×8" in planned or "1×4×1×1×16" in planned    # the pooled features
     monkeypatch.setenv("NETRUN_LAYOUTS", "off")
     unplanned = _run("inspect", RESNET20, "--rewritten")
     assert "blocked_layout" not in unplanned and "BlockedToNCHW" not in unplanned
