@@ -1,11 +1,14 @@
 """netrun against PyTorch on the CPU, side by side in one run: nets and single convolutions.
 
     python benchmarks/bench_cpu.py [--quick] [--json] [--algo-mode heuristic|exhaustive]
-                                   [--only lenet,cifar,convs] [--threads 2]
+                                   [--only lenet,cifar,convs] [--threads 2] [--same-process]
 
 Every measurement alternates netrun and PyTorch in blocks of repetitions (so both see the same
 machine state; each block starts with an untimed run so that the other library's spinning
-worker threads are not charged to it) and reports medians. Nets: LeNet (batch 64) and Caffe's
+worker threads are not charged to it) and reports medians. netrun runs in a process of its
+own, as users run it, and times itself there (own_process.py: in PyTorch's process, PyTorch's
+GNU OpenMP would serve netrun's OpenMP teams with its long spin); `--same-process` runs it
+here. Nets: LeNet (batch 64) and Caffe's
 cifar10_quick (batch 100), one training iteration (forward, backward, SGD momentum update)
 and one inference, each also with its first iteration in a fresh process (median of 3, or 5
 without --quick) over the steady time. Convolutions: the issue-5 shapes, each pass (forward,
@@ -21,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from own_process import InProcess, InProcessNet, OwnProcess, OwnProcessNet  # noqa: E402
 from torch_steps import torch_step as make_torch_step  # noqa: E402
 
 CONV_SHAPES = {   # name: (N, C, H, W, K, kernel, stride, pad, dilation, group)
@@ -87,25 +92,21 @@ def torch_net(torch, name: str):
         nn.Flatten(), nn.Linear(1024, 64), nn.Linear(64, 10)), (3, 32, 32)
 
 
-def bench_net(torch, name: str, reps: int, mode: str, first_samples: int) -> list[dict]:
-    from netrun import conv as algos
-    from netrun.profile.targets import prepare
-
+def bench_net(torch, name: str, reps: int, mode: str, first_samples: int,
+              same_process: bool = False) -> list[dict]:
     path, batch = NETS[name]
+    runner = InProcessNet if same_process else OwnProcessNet
     rows = []
     for phase in ("train", "inference"):
-        target = prepare(str(REPO / path), batch, "cpu", forward_only=(phase == "inference"))
-        algos.configure(target.net.ws, mode=mode)
         model, shape = torch_net(torch, name)
         x = torch.randn(batch, *shape)
         y = torch.randint(0, 10, (batch,))
         torch_step = make_torch_step(torch, model, x, y, phase)
-        # The first run picks the algorithms (a timing search in exhaustive mode with a cold
-        # cache, which it then fills).
-        target.net.run()
-        times = alternate({"netrun": target.net.run, "torch": torch_step}, reps, block=10)
-        algos_used = {o.def_.name: o.ctx.state.get("algo") for o in target.net.ops
-                      if o.ctx.state.get("algo")}
+        # binding runs the net once: it picks the algorithms (a timing search in exhaustive
+        # mode with a cold cache, which it then fills)
+        with runner(str(REPO / path), batch, phase == "inference", mode) as net:
+            times = alternate({"netrun": net, "torch": torch_step}, reps, block=10)
+            algos_used = net.info["algos"]
         firsts = [fresh_first_run(name, phase, mode) for _ in range(first_samples)]
         first = statistics.median(firsts)
         rows.append({"what": f"{name} {phase}", "batch": batch, **times,
@@ -141,47 +142,73 @@ def first_run(name: str, phase: str, mode: str) -> float:
 
 
 # Single convolutions --------------------------------------------------------------------------
-def bench_convs(torch, reps: int, mode: str) -> list[dict]:
-    import netrun
-    from netrun import conv as algos
-    from netrun.conv.select import choose, run_direction
+PASSES = {"fwd": "forward", "bwd-data": "backward_data", "bwd-filter": "backward_filter"}
+
+
+def conv_arrays(name: str) -> dict:
+    """The problem and arrays of CONV_SHAPES[name], the same in every process (seed 0)."""
     from netrun.conv.algorithm import ConvProblem
 
+    n, c, h, w, k, ker, s, pad, d, g = CONV_SHAPES[name]
+    p = ConvProblem(n, c, h, w, k, ker, ker, s, s, pad, pad, pad, pad, d, d, g)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, c, h, w), dtype=np.float32)
+    wt = rng.standard_normal((k, c // g, ker, ker), dtype=np.float32)
+    dy = rng.standard_normal((n, k, p.oh, p.ow), dtype=np.float32)
+    bias = rng.standard_normal(k, dtype=np.float32)
+    return {"p": p, "x": x, "w": wt, "dy": dy, "bias": bias}
+
+
+class ConvPass:
+    """One pass of a CONV_SHAPES convolution with the algorithm netrun picks for it (an
+    own_process target: calling it runs the pass once; `info` names the algorithm)."""
+
+    def __init__(self, name: str, pass_name: str, mode: str):
+        import netrun
+        from netrun import conv as algos
+        from netrun.conv.select import choose, run_direction
+
+        a = conv_arrays(name)
+        p, x, wt, dy = a["p"], a["x"], a["w"], a["dy"]
+        self.ws = netrun.Workspace()
+        algos.configure(self.ws, mode=mode, persist=True)
+        direction = PASSES[pass_name]
+        args, out = {"forward": ((x, wt), np.empty(dy.shape, np.float32)),
+                     "backward_data": ((dy, wt), np.empty(x.shape, np.float32)),
+                     "backward_filter": ((x, dy), np.empty(wt.shape, np.float32))}[direction]
+        run = run_direction(direction, p, args, out, self.ws.scratch, np)
+        algo = choose(self.ws.conv, p, direction, self.ws.backend, "", run)
+        extra = {"forward": {"bias": a["bias"]},
+                 "backward_filter": {"dbias": np.empty(p.k, np.float32)}}.get(direction, {})
+        self._run = partial(getattr(algo, direction), np, *args, p, out, self.ws.scratch,
+                            **extra)
+        self.info = {"algo": algo.name}
+
+    def __call__(self) -> None:
+        self._run()
+
+
+def bench_convs(torch, reps: int, mode: str, same_process: bool = False) -> list[dict]:
+    runner = InProcess if same_process else OwnProcess
     rows = []
     aten = torch.ops.aten
     for name, (n, c, h, w, k, ker, s, pad, d, g) in CONV_SHAPES.items():
-        p = ConvProblem(n, c, h, w, k, ker, ker, s, s, pad, pad, pad, pad, d, d, g)
-        ws = netrun.Workspace()
-        algos.configure(ws, mode=mode, persist=True)
-        rng = np.random.default_rng(0)
-        x = rng.standard_normal((n, c, h, w), dtype=np.float32)
-        wt = rng.standard_normal((k, c // g, ker, ker), dtype=np.float32)
-        dy = rng.standard_normal((n, k, p.oh, p.ow), dtype=np.float32)
-        bias = rng.standard_normal(k, dtype=np.float32)
-        y, dx, dw, db = (np.empty(a, np.float32) for a in (dy.shape, x.shape, wt.shape, (k,)))
-        tx, tw, tdy, tb = (torch.from_numpy(a) for a in (x, wt, dy, bias))
-        flops = 2 * n * k * (c // g) * ker * ker * p.oh * p.ow
-        passes = {
-            "fwd": (("forward", (x, wt), y), lambda: torch.nn.functional.conv2d(
-                tx, tw, tb, s, pad, d, g)),
-            "bwd-data": (("backward_data", (dy, wt), dx), lambda: aten.convolution_backward(
+        a = conv_arrays(name)
+        tx, tw, tdy, tb = (torch.from_numpy(a[key]) for key in ("x", "w", "dy", "bias"))
+        flops = 2 * n * k * (c // g) * ker * ker * a["p"].oh * a["p"].ow
+        torch_passes = {
+            "fwd": lambda: torch.nn.functional.conv2d(tx, tw, tb, s, pad, d, g),
+            "bwd-data": lambda: aten.convolution_backward(
                 tdy, tx, tw, None, [s, s], [pad, pad], [d, d], False, [0, 0], g,
-                [True, False, False])),
-            "bwd-filter": (("backward_filter", (x, dy), dw), lambda: aten.convolution_backward(
+                [True, False, False]),
+            "bwd-filter": lambda: aten.convolution_backward(
                 tdy, tx, tw, [k], [s, s], [pad, pad], [d, d], False, [0, 0], g,
-                [False, True, True])),
+                [False, True, True]),
         }
-        for pass_name, ((direction, args, out), torch_fn) in passes.items():
-            run = run_direction(direction, p, args, out, ws.scratch, np)
-            algo = choose(ws.conv, p, direction, ws.backend, "", run)
-            extra = {"forward": {"bias": bias}, "backward_filter": {"dbias": db}}.get(direction, {})
-            method = getattr(algo, direction)
-
-            def ours(method=method, args=args, out=out, extra=extra):
-                method(np, *args, p, out, ws.scratch, **extra)
-
-            times = alternate({"netrun": ours, "torch": torch_fn}, reps, block=2)
-            rows.append({"what": f"conv {name} {pass_name}", "algo": algo.name, **times,
+        for pass_name, torch_fn in torch_passes.items():
+            with runner(ConvPass, name, pass_name, mode) as ours:
+                times = alternate({"netrun": ours, "torch": torch_fn}, reps, block=2)
+            rows.append({"what": f"conv {name} {pass_name}", "algo": ours.info["algo"], **times,
                          "ratio": times["netrun"] / times["torch"],
                          "gflops": flops / (times["netrun"] * 1e6),
                          "torch_gflops": flops / (times["torch"] * 1e6)})
@@ -210,6 +237,9 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="lenet,cifar,convs",
                         help="comma-separated subset of lenet, cifar, convs")
     parser.add_argument("--threads", type=int, default=2, help="PyTorch threads (default 2)")
+    parser.add_argument("--same-process", action="store_true",
+                        help="run netrun in this process, beside PyTorch's libgomp (default: a "
+                             "process of its own, as users run it)")
     parser.add_argument("--first-run", nargs=2, metavar=("NET", "PHASE"),
                         help="(internal) time one fresh first run of NET and PHASE, print JSON")
     args = parser.parse_args(argv)
@@ -230,11 +260,13 @@ def main(argv=None) -> int:
     peak = gemm_peak(20)   # first, before either library's threads have run
     rows: list[dict] = []
     if "lenet" in only:
-        rows += bench_net(torch, "lenet", reps, args.algo_mode, first_samples)
+        rows += bench_net(torch, "lenet", reps, args.algo_mode, first_samples,
+                          args.same_process)
     if "cifar" in only:
-        rows += bench_net(torch, "cifar10_quick", reps, args.algo_mode, first_samples)
+        rows += bench_net(torch, "cifar10_quick", reps, args.algo_mode, first_samples,
+                          args.same_process)
     if "convs" in only:
-        rows += bench_convs(torch, max(3, reps // 4), args.algo_mode)
+        rows += bench_convs(torch, max(3, reps // 4), args.algo_mode, args.same_process)
     if args.json:
         print(json.dumps({"gemm_peak_gflops": peak, "torch_threads": args.threads,
                           "algo_mode": args.algo_mode, "rows": rows}, indent=2))

@@ -16,16 +16,19 @@ import multiprocessing
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 
-class OwnProcessNet:
-    """A netrun profile target (netrun.profile.targets.prepare) bound in a child process:
-    calling it runs the net once there and returns the run's milliseconds (`times_itself`)."""
+class OwnProcess:
+    """A benchmark target built in a child process by `factory(*args)` (a top-level callable:
+    the child imports it by name). The target is a callable running its work once, with an
+    optional `info` dict and `profile(iters)`; calling this object runs it once there and
+    returns the run's milliseconds (`times_itself`)."""
 
     times_itself = True
 
-    def __init__(self, path: str, batch: int, forward_only: bool, algo_mode: str):
+    def __init__(self, factory: Callable[..., Any], *args):
         # spawn, not fork: a forked child would inherit the parent's loaded libraries
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
@@ -33,7 +36,7 @@ class OwnProcessNet:
         self._process.start()
         child.close()
         try:
-            self.info = self._ask("prepare", path, batch, forward_only, algo_mode)
+            self.info = self._ask("prepare", factory, args)
         except BaseException:
             self.close()
             raise
@@ -42,7 +45,7 @@ class OwnProcessNet:
         return self._ask("run")
 
     def profile(self, iters: int) -> dict:
-        """netrun's profiler in the child: iteration and per-op-type times, and algorithms."""
+        """The target's profile (a net's: netrun's profiler in the child)."""
         return self._ask("profile", iters)
 
     def close(self) -> None:
@@ -54,7 +57,7 @@ class OwnProcessNet:
             self._process.kill()
         self._conn.close()
 
-    def __enter__(self) -> OwnProcessNet:
+    def __enter__(self) -> OwnProcess:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -86,14 +89,15 @@ def _serve(conn) -> None:
             return
         try:
             if kind == "prepare":
-                target = _prepare(*args)
-                answer = {"torch_loaded": "torch" in sys.modules}
+                factory, factory_args = args
+                target = factory(*factory_args)
+                answer = {"torch_loaded": "torch" in sys.modules, **getattr(target, "info", {})}
             elif kind == "run":
                 t0 = time.perf_counter()
-                target.net.run()
+                target()
                 answer = (time.perf_counter() - t0) * 1e3
             elif kind == "profile":
-                answer = _profile(target, *args)
+                answer = target.profile(*args)
             else:
                 raise ValueError(f"unknown request {kind!r}")
         except Exception:   # the parent reports it; the child keeps serving
@@ -102,50 +106,69 @@ def _serve(conn) -> None:
         conn.send(("ok", answer))
 
 
-def _prepare(path: str, batch: int, forward_only: bool, algo_mode: str):
-    from netrun import conv as algos
-    from netrun.profile.targets import prepare
-
-    target = prepare(path, batch, "cpu", forward_only=forward_only)
-    algos.configure(target.net.ws, mode=algo_mode)
-    target.net.run()   # picks the algorithms (a timing search in exhaustive mode)
-    return target
-
-
-def _profile(target, iters: int) -> dict:
-    from netrun.profile.timing import profile_net
-
-    prof = profile_net(target.net, iters=iters, warmup=1, phases=target.phases,
-                       costs=target.costs, before_iteration=target.feed)
-    return {"profile_iteration_ms": prof.total_ms, "profile_sum_of_ops_ms": prof.sum_of_ops_ms,
-            "by_type": [{"type": t, "ms": ms, "count": n} for t, ms, n in prof.by_type()],
-            "algos": {o.def_.name: str(o.ctx.state["algo"]) for o in target.net.ops
-                      if o.ctx.state.get("algo")}}
-
-
-class InProcessNet:
-    """The same target bound in this process (`--same-process`), as OwnProcessNet's twin:
-    calling it runs the net once (timed by the caller)."""
+class InProcess:
+    """OwnProcess's twin in this process (`--same-process`): calling it runs the target once
+    (timed by the caller)."""
 
     times_itself = False
 
+    def __init__(self, factory: Callable[..., Any], *args):
+        self.target = factory(*args)
+        self.info = {"torch_loaded": "torch" in sys.modules, **getattr(self.target, "info", {})}
+
+    def __call__(self) -> None:
+        self.target()
+
+    def profile(self, iters: int) -> dict:
+        """The target's profile."""
+        return self.target.profile(iters)
+
+    def close(self) -> None:
+        """Drop the target."""
+        self.target = None
+
+    def __enter__(self) -> InProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class NetTarget:
+    """A netrun profile target (netrun.profile.targets.prepare) bound, its algorithms picked
+    by a first run; calling it runs the net once. `info` names each conv's algorithm."""
+
     def __init__(self, path: str, batch: int, forward_only: bool, algo_mode: str):
-        self.target = _prepare(path, batch, forward_only, algo_mode)
-        self.info = {"torch_loaded": "torch" in sys.modules}
+        from netrun import conv as algos
+        from netrun.profile.targets import prepare
+
+        self.target = prepare(path, batch, "cpu", forward_only=forward_only)
+        algos.configure(self.target.net.ws, mode=algo_mode)
+        self.target.net.run()   # picks the algorithms (a timing search in exhaustive mode)
+        self.info = {"algos": {o.def_.name: str(o.ctx.state["algo"])
+                               for o in self.target.net.ops if o.ctx.state.get("algo")}}
 
     def __call__(self) -> None:
         self.target.net.run()
 
     def profile(self, iters: int) -> dict:
         """netrun's profiler: iteration and per-op-type times, and algorithms."""
-        return _profile(self.target, iters)
+        from netrun.profile.timing import profile_net
 
-    def close(self) -> None:
-        """Drop the target."""
-        self.target = None
+        t = self.target
+        prof = profile_net(t.net, iters=iters, warmup=1, phases=t.phases, costs=t.costs,
+                           before_iteration=t.feed)
+        return {"profile_iteration_ms": prof.total_ms, "profile_sum_of_ops_ms":
+                prof.sum_of_ops_ms, "by_type": [{"type": k, "ms": ms, "count": n}
+                                                for k, ms, n in prof.by_type()],
+                **self.info}
 
-    def __enter__(self) -> InProcessNet:
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+def OwnProcessNet(path: str, batch: int, forward_only: bool, algo_mode: str) -> OwnProcess:
+    """A net (NetTarget) bound and timed in a process of its own."""
+    return OwnProcess(NetTarget, path, batch, forward_only, algo_mode)
+
+
+def InProcessNet(path: str, batch: int, forward_only: bool, algo_mode: str) -> InProcess:
+    """A net (NetTarget) bound in this process."""
+    return InProcess(NetTarget, path, batch, forward_only, algo_mode)

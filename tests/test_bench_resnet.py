@@ -126,7 +126,7 @@ def test_own_process_runs_the_net_there_and_reports_its_failures(tmp_path, monke
     monkeypatch.syspath_prepend(str(BENCH))   # the child imports the module by name
     own_process = importlib.import_module("own_process")
     with own_process.OwnProcessNet(str(REPO / "zoo/lenet.yaml"), 2, True, "heuristic") as net:
-        assert net.info == {"torch_loaded": False}
+        assert net.info["torch_loaded"] is False and net.info["algos"]
         assert net() > 0
         prof = net.profile(1)
         assert {t["type"] for t in prof["by_type"]} >= {"Conv", "FC"}
@@ -134,3 +134,14 @@ def test_own_process_runs_the_net_there_and_reports_its_failures(tmp_path, monke
     missing = str(tmp_path / "missing.yaml")
     with pytest.raises(RuntimeError, match="failed during 'prepare'"):
         own_process.OwnProcessNet(missing, 2, True, "heuristic")
+
+
+def test_bench_cpu_times_a_convolution_pass_in_its_own_process(monkeypatch):
+    """bench_cpu's single-convolution rows: the pass is built and timed in a child process,
+    with the algorithm netrun picks there."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    own_process = importlib.import_module("own_process")
+    bench_cpu = importlib.import_module("bench_cpu")
+    with own_process.OwnProcess(bench_cpu.ConvPass, "d 5x5 C1", "fwd", "heuristic") as conv:
+        assert conv.info["torch_loaded"] is False and conv.info["algo"]
+        assert conv() > 0
