@@ -333,3 +333,46 @@ def test_an_fc_and_a_global_pooling_repeat_their_one_call_as_inputs_change_in_pl
     ws.run_net("head")
     np.testing.assert_allclose(ws.fetch_blob("Y"), want(x[:, :, :2], w, b), rtol=1e-5,
                                atol=1e-5)
+
+
+@needs_onednn
+def test_a_nets_repeating_convolutions_make_their_calls_together_with_the_same_bits(
+        monkeypatch):
+    """ResNet-20's predict net at batch 1, bound and planned: from the second run on, its
+    convolutions hand their bound calls to the net, which makes consecutive ones in one loop
+    (Operator.deferred). The bits equal the op-by-op runs (a profiling hook makes the net run
+    each op itself), run after run, as the input changes in place."""
+    from pathlib import Path
+
+    from netrun.kernels.onednn import conv as engine
+    from netrun.model import load_model
+    from netrun.rewrite import bind_rewrite
+
+    model = load_model(Path(__file__).resolve().parents[1] / "zoo" / "resnet20.yaml")
+    rng = np.random.default_rng(12)
+    ws = netrun.Workspace("cpu", seed=0)
+    ws.run_net_once(model.init_net)
+    ws.feed_blob("data", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    done = bind_rewrite(model.predict_net, ws, "inference", keep=model.outputs)
+    ws.create_net(done.net)
+    net = ws._nets[done.net.name]
+    made = []
+    batched = engine.run_bound_lists
+
+    def counting(lib, count, lists):
+        made.append(len(lists))
+        batched(lib, count, lists)
+    monkeypatch.setattr(engine, "run_bound_lists", counting)
+    engine.runner.cache_clear()   # runners made after the patch call it
+    out = model.outputs[0]
+    for step in range(3):
+        ws.refill_blob("data", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+        net.run(hook=lambda i, o: None)        # op by op
+        want = ws.fetch_blob(out).copy()
+        made.clear()
+        net.run()                              # the convolutions' calls together
+        assert np.array_equal(ws.fetch_blob(out), want), f"step {step}"
+        if step:
+            # all 21 convolutions repeat; a run of consecutive ones goes out as one batch
+            assert sum(made) == 21 and len(made) < 21, made
+    engine.runner.cache_clear()

@@ -55,9 +55,26 @@ class SimpleNet:
                 if hook is not None:
                     hook(i, o)
         elif hook is None:
+            # Ops repeating bound calls hand them over (Operator.deferred); consecutive ones
+            # with the same runner go out in one native loop: at batch 1 the per-op Python
+            # of a call made alone (~2 µs) is a twentieth of a small convolution. Their order
+            # is the ops' order, and an op that runs itself waits for the calls before it.
+            runner, items = None, []
             for o in self.ops:
                 memory.begin_op(o)
+                item = o.deferred()
+                if item is not None and item[0] is runner:
+                    items.append(item[1])
+                    continue
+                if items:
+                    runner(items)
+                    items = []
+                if item is not None:
+                    runner, items = item[0], [item[1]]
+                    continue
                 o.run()
+            if items:
+                runner(items)
         else:
             for i, o in enumerate(self.ops):
                 memory.begin_op(o)

@@ -200,6 +200,22 @@ class Operator:
             blobs[name] = value
             ws.touch(name)
 
+    def deferred(self) -> tuple[Any, Any] | None:
+        """This run as (runner, item) for the net to make later, where it repeats bound calls
+        that offer it (`defer`): runner(items) makes the calls of consecutive ops with the same
+        runner in order, in one native loop (netrun.core.net). The checks run and the outputs'
+        write counts move now. None: the op runs itself (`run`)."""
+        repeat = self._repeat
+        if repeat is None:
+            return None
+        defer = getattr(repeat.bound, "defer", None)
+        ws = self.ws
+        if defer is None or not repeat.holds(ws._blobs, ws._versions):
+            return None
+        item = defer()
+        repeat.count(ws._versions)
+        return item
+
     def _drop_repeat(self) -> None:
         repeat, self._repeat = self._repeat, None
         if repeat is not None:
@@ -276,5 +292,9 @@ class _Repeat:
     def run(self, versions: dict) -> None:
         """The calls, and the outputs' write counts (as OpContext.output counts them)."""
         self.bound.run()
+        self.count(versions)
+
+    def count(self, versions: dict) -> None:
+        """The outputs' write counts, as a run counts them."""
         for name in self.outputs:
             versions[name] = versions.get(name, 0) + 1

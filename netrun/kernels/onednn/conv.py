@@ -18,6 +18,7 @@ threads it sees when a primitive is created.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -446,11 +447,19 @@ class BoundCall:
 
     def run(self) -> None:
         """The calls again, on `count` OpenMP threads of this thread."""
+        runner, calls = self.defer()
+        runner([calls])
+
+    def defer(self) -> tuple[Callable[[list], None], list]:
+        """(runner, calls): the calls, bound again first where the scratch region moved, for
+        runner([calls, ...]) to make later with other ops' calls (netrun.core.net). Asked
+        while the op's scratch is current (its turn in the net), made before the next op
+        writes anything."""
         if self.uses_region:
             base = self._region()
             if base != self.base:
                 self._bind(base)
-        run_bound(self.d.lib, self.calls, self.count)
+        return runner(self.d.lib, self.count), self.calls
 
     def close(self) -> None:
         """Release the memory objects now."""
@@ -461,15 +470,28 @@ class BoundCall:
 def run_bound(lib: api.Library, calls: list, count: int) -> None:
     """Bound calls (handle, argument count, packed arguments, kernel name) in order, on
     `count` OpenMP threads of this thread."""
+    run_bound_lists(lib, count, [calls])
+
+
+def run_bound_lists(lib: api.Library, count: int, lists: list) -> None:
+    """Lists of bound calls (as `run_bound` takes), in order, on `count` OpenMP threads."""
     execute, stream = lib.lib.dnnl_primitive_execute, lib.stream()
     before = threads.set_count(count)
     try:
-        for handle, n, packed, impl in calls:
-            status = execute(handle, stream, n, packed)
-            if status:
-                lib.check(status, f"primitive_execute ({impl}, a bound call)")
+        for calls in lists:
+            for handle, n, packed, impl in calls:
+                status = execute(handle, stream, n, packed)
+                if status:
+                    lib.check(status, f"primitive_execute ({impl}, a bound call)")
     finally:
         threads.restore(before)
+
+
+@functools.lru_cache(maxsize=None)
+def runner(lib: api.Library, count: int) -> Callable[[list], None]:
+    """run_bound_lists for `lib` on `count` threads, one object per pair: BoundCalls with
+    the same runner batch their calls (netrun.core.net compares runners by identity)."""
+    return functools.partial(run_bound_lists, lib, count)
 
 
 def release_all(releases: list) -> None:
