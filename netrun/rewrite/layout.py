@@ -6,8 +6,8 @@ costs two passes over memory per layer, more than a small layer's arithmetic. Pl
 bind (the IDEEP design), a value stays blocked from the conv that writes it to the convs and
 elementwise ops that read it, and reorder ops (netrun.ops.layout) sit only at the boundaries
 of such regions: where an op that knows only NCHW reads a blocked value, and where an
-elementwise op mixes layouts. An FC reads a global pooling's blocked result as it is: one
-pixel in whole blocks is NCHW's order already.
+elementwise op mixes layouts. An FC or a Flatten reads a global pooling's blocked result as
+it is: one pixel in whole blocks is NCHW's order already.
 
 Which values are blocked: the output of a Conv that can run on oneDNN (2-D, NCHW, group 1,
 float32 filters, no other fixed algorithm) when at least one reader can take it blocked, the
@@ -59,10 +59,10 @@ def _elementwise(o: OperatorDef) -> bool:
 
 
 def _flattens_channels(o: OperatorDef) -> bool:
-    """Whether o reads its X flattened from the channels on (an FC at axis 1): of one pixel
-    and whole blocks, N × C/B × 1 × 1 × B flattens to N × C in NCHW's order, so a
-    classifier's FC reads global pooling's blocked result without a reorder."""
-    return o.type == "FC" and int(o.args.get("axis", 1)) == 1
+    """Whether o reads its X flattened from the channels on (an FC or a Flatten at axis 1):
+    of one pixel and whole blocks, N × C/B × 1 × 1 × B flattens to N × C in NCHW's order, so
+    a classifier's head reads global pooling's blocked result without a reorder."""
+    return o.type in ("FC", "Flatten") and int(o.args.get("axis", 1)) == 1
 
 
 def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,

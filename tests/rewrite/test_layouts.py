@@ -198,12 +198,14 @@ def test_resnet20_predict_net(monkeypatch, batch):
     np.testing.assert_allclose(outs[True], outs[False], rtol=1e-4, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("channels, pool, reorders", [
-    (16, "AveragePool", 0), (16, "MaxPool", 0),
-    (12, "AveragePool", 1),    # a block and a half: the padding would reach the FC
-    (16, None, 0)])            # a conv's 3×3 pixels: left NCHW, as no reader takes it blocked
+@pytest.mark.parametrize("channels, pool, reorders, flatten", [
+    (16, "AveragePool", 0, False), (16, "MaxPool", 0, False),
+    (16, "AveragePool", 0, True),   # ONNX's GlobalAveragePool → Flatten → Gemm
+    (12, "AveragePool", 1, False),  # a block and a half: the padding would reach the FC
+    (12, "AveragePool", 1, True),
+    (16, None, 0, False)])          # a conv's 3×3 pixels: left NCHW, no reader takes it blocked
 def test_an_fc_reads_global_pooling_blocked_only_where_the_order_is_nchws(
-        monkeypatch, channels, pool, reorders):
+        monkeypatch, channels, pool, reorders, flatten):
     rng = np.random.default_rng(9)
     blobs = {"X": rng.standard_normal((2, 3, 3, 3)).astype(np.float32),
              **_weights(rng, {"W1": (channels, 3, 3, 3), "Wf": (4, channels * (1 if pool else 9))}),
@@ -211,7 +213,9 @@ def test_an_fc_reads_global_pooling_blocked_only_where_the_order_is_nchws(
     ops = [_conv("X", "W1", "a")]
     if pool:
         ops.append(op(pool, ["a"], ["p"], global_pooling=1))
-    ops.append(op("FC", ["p" if pool else "a", "Wf", "bf"], ["y"]))
+    if flatten:
+        ops.append(op("Flatten", ["p"], ["f"]))
+    ops.append(op("FC", ["f" if flatten else "p" if pool else "a", "Wf", "bf"], ["y"]))
     net = NetDef("head", ops, ["X", "W1", "Wf", "bf"], ["y"])
     done = _both(net, blobs, ["y"], monkeypatch)
     assert [o.type for o in done.net.ops].count("BlockedToNCHW") == reorders
