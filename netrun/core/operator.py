@@ -206,13 +206,12 @@ class Operator:
         runner in order, in one native loop (netrun.core.net). The checks run and the outputs'
         write counts move now. None: the op runs itself (`run`)."""
         repeat = self._repeat
-        if repeat is None:
+        if repeat is None or repeat.defer is None:
             return None
-        defer = getattr(repeat.bound, "defer", None)
         ws = self.ws
-        if defer is None or not repeat.holds(ws._blobs, ws._versions):
+        if not repeat.holds(ws._blobs, ws._versions):
             return None
-        item = defer()
+        item = repeat.defer()
         repeat.count(ws._versions)
         return item
 
@@ -269,11 +268,12 @@ class _Repeat:
     valid while every input and output name holds the array object it held then, the
     `unchanged` inputs keep their write counts, and the kernel's check holds."""
 
-    __slots__ = ("bound", "check", "arrays", "versions", "outputs")
+    __slots__ = ("bound", "defer", "check", "arrays", "versions", "outputs")
 
     def __init__(self, def_: OperatorDef, inputs: tuple, blobs: dict, versions: dict,
                  bound: Any, check: Any, unchanged: tuple[str, ...]):
         self.bound, self.check = bound, check
+        self.defer = getattr(bound, "defer", None)   # calls the net may make later
         self.arrays = tuple(zip(def_.inputs, inputs)) + tuple(
             (name, blobs.get(name)) for name in def_.outputs)
         self.versions = tuple((name, versions.get(name, 0)) for name in unchanged)

@@ -149,9 +149,11 @@ def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
                                    f"{name}_to_nchw")
                 out.reorders.append(made.label)
         else:
-            made = o.with_(inputs=tuple(
-                n if k == 0 and _flattens_channels(o) and n in pixel and channels[n] % block == 0
-                else nchw(n) for k, n in enumerate(o.inputs))) if any(
+            # a blocked X of one pixel in whole blocks is NCHW's order to a flattening reader
+            flat = (_flattens_channels(o) and o.inputs[0] in pixel
+                    and channels[o.inputs[0]] % block == 0)
+            made = o.with_(inputs=tuple(n if k == 0 and flat else nchw(n)
+                                        for k, n in enumerate(o.inputs))) if any(
                 n in channels for n in o.inputs) else o
         out.ops.append(made)
         for name in made.outputs:   # a blocked copy of the name's old value is stale now

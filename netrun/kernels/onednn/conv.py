@@ -416,6 +416,7 @@ class BoundCall:
         _check(arrays.values())
         self.d, self.count, self.scratch = d, count, scratch
         self.staged, self.arrays = staged, arrays
+        self.runner = runner(d.lib, count)
         # staged filters (a copy kept while w is not written), or w reordered on every run
         self.reads_kept_filters = bool(staged and "weights" in staged)
         self.reorders_filters = "weights" in d.reorders and not self.reads_kept_filters
@@ -459,7 +460,7 @@ class BoundCall:
             base = self._region()
             if base != self.base:
                 self._bind(base)
-        return runner(self.d.lib, self.count), self.calls
+        return self.runner, self.calls
 
     def close(self) -> None:
         """Release the memory objects now."""
