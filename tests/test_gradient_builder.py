@@ -125,3 +125,28 @@ def test_unknown_loss_blob():
     net = netrun.NetDef("n", [netrun.op("Relu", ["x"], ["y"])])
     with pytest.raises(GradientError, match="'nope'"):
         netrun.add_gradient_ops(net, ["nope"])
+
+
+@pytest.mark.parametrize("same_shape", [0, 1])
+def test_a_shared_gradient_blob_is_never_accumulated_in_place(same_shape):
+    """AddRelu(a, b) with same_shape=1 gives a and b one gradient blob (the masked dY, no
+    copy). a and b are read earlier too, so their second contributions come after it: each
+    sum goes into a blob of its own, and neither changes the other's gradient. Without
+    same_shape, AddGradient writes copies."""
+    # L = Σ relu(a + b)² + Σ a² + Σ b², a = x², b = relu(x)
+    x = np.array([-1.5, 0.5, 2.0, -0.25])
+    net = netrun.NetDef("n", [
+        netrun.op("TestSquare", ["x"], ["a"]), netrun.op("Relu", ["x"], ["b"]),
+        netrun.op("TestSquare", ["a"], ["a2"]), netrun.op("TestSquare", ["b"], ["b2"]),
+        netrun.op("AddRelu", ["a", "b"], ["y"], same_shape=same_shape),
+        netrun.op("TestSquare", ["y"], ["y2"]),
+        netrun.op("Sum", ["y2", "a2", "b2"], ["s"]),
+        netrun.op("ReduceSum", ["s"], ["L"], keepdims=0)])
+    grads = netrun.add_gradient_ops(net, ["L"])
+    types = [o.type for o in net.ops]
+    assert ("AddGradient" in types) == (not same_shape)
+    out = run(net, {"x": x}, [grads["x"]])
+    a, b = x * x, np.maximum(x, 0)
+    y = np.maximum(a + b, 0)
+    da, db = 2 * y * (y > 0) + 2 * a, 2 * y * (y > 0) + 2 * b
+    np.testing.assert_allclose(out[grads["x"]], da * 2 * x + db * (x > 0))

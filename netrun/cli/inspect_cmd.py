@@ -146,15 +146,18 @@ def rewritten_net(model, which: str, batch: int, overrides: dict, fuse: bool):
     """(net, Rewritten or None, input specs) of one net as netrun binds it on this CPU: the
     train net with the training rules, the test and predict nets with the inference rules
     and the layout plan."""
-    from netrun.rewrite import layout_block, rewrite  # lazy: loaded when the command runs
+    # lazy: loaded when the command runs
+    from netrun.rewrite import layout_block, rewrite, training_rewrite
 
     net, specs = model.net(which), model.input_specs(batch, overrides)
     if which == "init":
         return net, None, specs
-    mode = "training" if which == "train" else "inference"
+    if which == "train":   # as the trainer rewrites it
+        done = training_rewrite(model, "cpu", fuse)
+        return done.net, done, {**specs, **done.derived_specs(specs.__getitem__)}
     keep = [b for b in (model.loss, *model.metrics, *model.outputs) if b]
-    done = rewrite(net, mode, keep, lambda n: specs[n].shape if n in specs else None, fuse,
-                   layout_block("cpu"), lambda n: specs[n].dtype if n in specs else None)
+    done = rewrite(net, "inference", keep, lambda n: specs[n].shape if n in specs else None,
+                   fuse, layout_block("cpu"), lambda n: specs[n].dtype if n in specs else None)
     return done.net, done, {**specs, **done.derived_specs(specs.__getitem__)}
 
 

@@ -13,7 +13,7 @@ def memory_plans(model, batch: int, overrides: dict, fuse: bool, plan: bool) -> 
     import numpy as np  # lazy: loaded when the command runs
 
     from netrun.core.workspace import Workspace
-    from netrun.rewrite import bind_rewrite, rewrite, with_train_net
+    from netrun.rewrite import bind_rewrite, training_rewrite, with_train_net
     from netrun.train.config import SolverConfig
     from netrun.train.solver import LR, build_training
 
@@ -21,7 +21,7 @@ def memory_plans(model, batch: int, overrides: dict, fuse: bool, plan: bool) -> 
     feeds = {n: np.zeros(s.shape, s.dtype) for n, s in specs.items()}
     out = []
     if model.loss:
-        done = rewrite(model.train_net, "training", enabled=fuse)
+        done = training_rewrite(model, enabled=fuse)
         nets = build_training(with_train_net(model, done.net),
                               SolverConfig(type="sgd", momentum=0.9))
         ws = Workspace(seed=0, memory_plan=True)

@@ -83,6 +83,13 @@ class GradientContext:
         self.input_grads[i] = name
         return name
 
+    def grad_is(self, i: int, blob: str) -> None:
+        """Input i's gradient is `blob`, a gradient another op of this maker writes (under a
+        name of its own, not GI's): no op copies it. Several inputs may share one (a sum's
+        inputs: the same values); the backward builder then never accumulates into it in
+        place while it stands for more than one gradient."""
+        self.input_grads[i] = blob
+
     def needs(self, i: int) -> bool:
         """Whether anyone wants the gradient of input i (makers may skip work when not)."""
         return self._needed[i]
@@ -195,6 +202,7 @@ def add_gradient_ops(net: NetDef, losses: Sequence[str], params: Iterable[str] |
         grads[(loss, final.get(loss, 0))] = g
 
     missing: list[str] = []
+    aliased: set[str] = set()    # gradient blobs that stand for several inputs' gradients
     fresh = _temp_namer()
     for k in range(len(forward) - 1, -1, -1):
         fop = forward[k]
@@ -222,14 +230,24 @@ def add_gradient_ops(net: NetDef, losses: Sequence[str], params: Iterable[str] |
         # One entry per distinct input blob: Mul(X, X) gives X one (already summed) gradient.
         contributions = {(fop.inputs[i], in_versions[k][i]): g
                          for i, g in sorted(input_grads.items()) if needed[i]}
+        # a blob standing for several inputs' gradients (GradientContext.same_as)
+        shared = {g for g in contributions.values()
+                  if list(contributions.values()).count(g) > 1}
         for key, g in contributions.items():
-            if key in grads:
-                # A second contribution to this gradient: write it aside, then accumulate.
-                tmp = fresh(grads[key])
-                renames[g] = tmp
-                sums.append(make_op("Sum", [grads[key], tmp], [grads[key]]))
-            else:
+            if key not in grads:
                 grads[key] = g
+                if g in shared:
+                    aliased.add(g)
+                continue
+            # A second contribution to this gradient: accumulate it. In place, unless the
+            # blob also stands for another gradient (then into a fresh blob); the op writes
+            # its contribution aside, unless that blob is one it shares between inputs.
+            part = g
+            if g not in shared:
+                part = renames[g] = fresh(grads[key])
+            before = grads[key]
+            target = grads[key] = fresh(grad_name(key[0])) if before in aliased else before
+            sums.append(make_op("Sum", [before, part], [target]))
         if renames:
             ops = [o.with_(outputs=tuple(renames.get(n, n) for n in o.outputs)) for o in ops]
         backward.extend(ops)

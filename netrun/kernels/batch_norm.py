@@ -11,7 +11,10 @@ threads cost more than batch norm itself (ResNet-20's training step ran 7-10% fa
 NumPy path computes the same quantities (float64 sums too, two-pass variance) for arrays
 of other modules (CuPy) and without the engine.
 
-Arrays are viewed as (outer, C, inner); see `view`.
+Arrays are viewed as (outer, C, inner); see `view`. A 5-D array in order NCHW is
+channel-blocked (N × C/B × H × W × B, whole blocks: netrun.rewrite.layout keeps a training
+net's activations so between oneDNN's convolutions): the same quantities, computed by
+netrun.kernels.jit.batch_norm_blocked, its per-channel vectors seen as (C/B, B).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import numpy as np
 
 import netrun.kernels.jit as jit
 import netrun.kernels.jit.batch_norm as jit_bn
+import netrun.kernels.jit.batch_norm_blocked as jit_bnb
 from netrun.kernels import omp, parallel
 from netrun.kernels import relu as relu_kernels
 
@@ -34,6 +38,27 @@ def view(shape: tuple[int, ...], order: str) -> tuple[int, int, int]:
     if order == "NHWC":
         return math.prod(shape[:-1]), shape[-1], 1
     return shape[0], shape[1], math.prod(shape[2:])
+
+
+def blocked(X, order: str) -> bool:
+    """Whether X is channel-blocked (5-D, N × C/B × H × W × B) rather than in `order`."""
+    return X.ndim == 5 and order == "NCHW"
+
+
+def _view4(X) -> tuple[int, int, int, int]:
+    """(outer, C/B, P, B) of a blocked array."""
+    n, blocks, h, w, b = X.shape
+    return n, blocks, h * w, b
+
+
+def _flat(shape4) -> tuple[int, int, int]:
+    """(outer, C/B, P·B): how the compiled kernels see a blocked array."""
+    return shape4[0], shape4[1], shape4[2] * shape4[3]
+
+
+def _pair(v, shape4):
+    """A per-channel vector (C,) as (C/B, B)."""
+    return v.reshape(shape4[1], shape4[3])
 
 
 def compiled(xp: Any, *arrays) -> bool:
@@ -52,29 +77,35 @@ class Stats:
 
 
 def _chunk_args(args: tuple, o0: int, o1: int) -> list:
-    """The arguments of a kernel's call on chunk o0:o1: (outer, C, inner) arrays sliced."""
-    return [a[o0:o1] if isinstance(a, np.ndarray) and a.ndim == 3 else a for a in args]
+    """The arguments of a kernel's call on chunk o0:o1: (outer, C, inner) arrays, and
+    blocked (outer, C/B, P, B) ones, sliced."""
+    return [a[o0:o1] if isinstance(a, np.ndarray) and a.ndim >= 3 else a for a in args]
 
 
-def _chunked_sums(xp, shape3, scratch: Scratch, kernel, team, *args) -> np.ndarray:
-    """(2, C) float64: kernel(*args, lanes, sums) summed over the fixed chunks of the outer
-    axis in chunk order, on the OpenMP team (`team`, the kernel's form over slots, where
-    `_on_team`) or the worker threads (the same slices and order, so the same bits)."""
+def _chunked_sums(xp, shape3, scratch: Scratch, kernel, team, *args,
+                  lanes_shape: tuple[int, ...] | None = None,
+                  sums_shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """float64 sums (default (2, C)): kernel(*args, lanes, sums) summed over the fixed chunks
+    of the outer axis in chunk order, on the OpenMP team (`team`, the kernel's form over
+    slots, where `_on_team`) or the worker threads (the same slices and order, so the same
+    bits). lanes_shape: one chunk's lanes (default (2, C, inner))."""
     outer, c, inner = shape3
-    total = np.zeros((2, c))
-    on_team = _on_team(xp, shape3)
+    lanes_shape = lanes_shape or (2, c, inner)
+    sums_shape = sums_shape or (2, c)
+    total = np.zeros(sums_shape)
+    on_team = _on_team(xp, shape3, team)
     if on_team is not None:
         slots, starts = on_team
-        lanes = scratch("bn.team_lanes", (slots, 2, c, inner), "float64")
-        sums = scratch("bn.team_sums", (starts.shape[0] - 1, 2, c), "float64")
+        lanes = scratch("bn.team_lanes", (slots, *lanes_shape), "float64")
+        sums = scratch("bn.team_sums", (starts.shape[0] - 1, *sums_shape), "float64")
         omp.launch(team, slots, starts, *args, lanes, sums)
         for part in sums:
             total += part
         return total
 
     def work(index, o0, o1):
-        lanes = parallel.chunk_scratch(scratch, index)("bn.lanes", (2, c, inner), "float64")
-        sums = np.empty((2, c))
+        lanes = parallel.chunk_scratch(scratch, index)("bn.lanes", lanes_shape, "float64")
+        sums = np.empty(sums_shape)
         kernel(*_chunk_args(args, o0, o1), lanes, sums)
 
         def commit() -> None:
@@ -89,7 +120,7 @@ def _each_chunk(xp, shape3, kernel, team, *args) -> None:
     """kernel(*args) on each fixed chunk of the outer axis, on the OpenMP team (`team`, the
     kernel's form over slots, where `_on_team`) or the worker threads."""
     outer, c, inner = shape3
-    on_team = _on_team(xp, shape3)
+    on_team = _on_team(xp, shape3, team)
     if on_team is not None:
         omp.launch(team, *on_team, *args)
         return
@@ -97,18 +128,21 @@ def _each_chunk(xp, shape3, kernel, team, *args) -> None:
                     work=outer * c * inner)
 
 
-def _on_team(xp, shape3) -> tuple[int, np.ndarray] | None:
-    """(slots, starts) where a pass runs on the OpenMP team (netrun.kernels.omp.team)."""
+def _on_team(xp, shape3, team) -> tuple[int, np.ndarray] | None:
+    """(slots, starts) where a pass runs on the OpenMP team (netrun.kernels.omp.team), its
+    kernels (`team`'s module's) loaded."""
     outer, c, inner = shape3
     found = omp.team(xp, outer, outer * c * inner)
     if found is not None:
-        jit_bn.prepare_team()
+        (jit_bnb if team.fn.__module__ == jit_bnb.__name__ else jit_bn).prepare_team()
     return found
 
 
 # Forward ------------------------------------------------------------------------------------
 def batch_stats(xp, X, order: str, scratch: Scratch) -> Stats:
     """Mean and biased variance of each channel of X (float64 arrays of xp)."""
+    if blocked(X, order):
+        return _blocked_stats(xp, X, scratch)
     shape3 = view(X.shape, order)
     outer, c, inner = shape3
     m = outer * inner
@@ -128,6 +162,35 @@ def batch_stats(xp, X, order: str, scratch: Scratch) -> Stats:
     return Stats(mean, _channel_sum(centred) / m, m)
 
 
+def _blocked_stats(xp, X, scratch: Scratch) -> Stats:
+    """batch_stats of a blocked X."""
+    shape4 = _view4(X)
+    outer, blocks, p, b = shape4
+    m = outer * p
+    x = X.reshape(shape4)
+    if compiled(xp, X):
+        x = np.ascontiguousarray(x)
+        shift = x[0, :, 0, :].astype(np.float64)   # as in the NCHW path: a first value
+        s = _chunked_sums(xp, _flat(shape4), scratch, jit_bnb.stats, jit_bnb.stats_team,
+                          x.reshape(_flat(shape4)), shift,
+                          lanes_shape=(2, jit_bnb.LANE_BLOCK * b), sums_shape=(2, blocks, b))
+        s = s.reshape(2, blocks * b)
+        shift = shift.reshape(-1)
+        mean_shifted = s[0] / m
+        var = np.maximum(s[1] / m - mean_shifted * mean_shifted, 0.0)
+        return Stats(mean_shifted + shift, var, m)
+    mean = _blocked_sum(x) / m
+    centred = scratch("bn.centred", shape4, X.dtype)
+    xp.subtract(x, mean.astype(X.dtype).reshape(1, blocks, 1, b), out=centred)
+    xp.multiply(centred, centred, out=centred)
+    return Stats(mean, _blocked_sum(centred) / m, m)
+
+
+def _blocked_sum(a4):
+    """(C,) float64 sums of an (outer, C/B, P, B) array of xp, as _channel_sum does."""
+    return a4.sum(axis=2).sum(axis=0, dtype=np.float64).reshape(-1)
+
+
 def _channel_sum(a3):
     """(C,) float64 sums of an (outer, C, inner) array of xp: each row summed in a's dtype
     (NumPy sums a contiguous row pairwise), the rows then in float64."""
@@ -140,6 +203,9 @@ def normalize(xp, X, order: str, mean, k, bias, Y, relu: bool) -> None:
     then max(Y, 0) if relu."""
     if mean is None and compiled(xp, X):
         mean = np.zeros(k.shape, X.dtype)   # X − 0 is X exactly
+    if blocked(X, order):
+        _blocked_normalize(xp, X, mean, k, bias, Y, relu)
+        return
     shape3 = view(X.shape, order)
     c = shape3[1]
     if compiled(xp, X, Y, mean, k, bias):
@@ -159,12 +225,33 @@ def normalize(xp, X, order: str, mean, k, bias, Y, relu: bool) -> None:
         xp.maximum(y, 0, out=y)
 
 
+def _blocked_normalize(xp, X, mean, k, bias, Y, relu: bool) -> None:
+    """normalize on blocked arrays."""
+    shape4 = _view4(X)
+    x, y = X.reshape(shape4), Y.reshape(shape4)
+    if compiled(xp, X, Y, mean, k, bias):
+        x = np.ascontiguousarray(x).reshape(_flat(shape4))
+        _each_chunk(xp, _flat(shape4), jit_bnb.normalize, jit_bnb.normalize_team, x,
+                    *(_pair(v, shape4) for v in (mean, k, bias)), y.reshape(_flat(shape4)),
+                    relu)
+        return
+    b = (1, shape4[1], 1, shape4[3])
+    if mean is None:
+        xp.multiply(x, k.reshape(b), out=y)
+    else:
+        xp.subtract(x, mean.reshape(b), out=y)
+        y *= k.reshape(b)
+    y += bias.reshape(b)
+    if relu:
+        xp.maximum(y, 0, out=y)
+
+
 def inference(xp, X, order: str, scale, bias, mean, var, epsilon: float, Y,
               relu: bool) -> bool:
     """is_test's Y = X·s + (bias − mean·s), s = scale/√(var + ε) (then max(Y, 0) if relu),
     per-channel terms included, in one compiled call per chunk: batch-1 inference pays no
     per-channel NumPy calls. False (nothing done) where the compiled kernels do not apply."""
-    if not compiled(xp, X, Y, scale, bias, mean, var):
+    if not compiled(xp, X, Y, scale, bias, mean, var) or blocked(X, order):
         return False
     shape3 = view(X.shape, order)
     x, y = np.ascontiguousarray(X).reshape(shape3), Y.reshape(shape3)
@@ -178,6 +265,8 @@ def inference(xp, X, order: str, scale, bias, mean, var, epsilon: float, Y,
 def gradient_sums(xp, X, mean, dY, Y, order: str, scratch: Scratch) -> np.ndarray:
     """(2, C) float64 array of xp: Σ g and Σ (X − mean)·g per channel, g = dY, or
     dY·(Y > 0) given Y."""
+    if blocked(X, order):
+        return _blocked_gradient_sums(xp, X, mean, dY, Y, scratch)
     shape3 = view(X.shape, order)
     c = shape3[1]
     relu = Y is not None
@@ -196,10 +285,63 @@ def gradient_sums(xp, X, mean, dY, Y, order: str, scratch: Scratch) -> np.ndarra
     return xp.stack([_channel_sum(g), _channel_sum(centred)])
 
 
+def _blocked_gradient_sums(xp, X, mean, dY, Y, scratch: Scratch):
+    """gradient_sums on blocked arrays."""
+    shape4 = _view4(X)
+    outer, blocks, p, b = shape4
+    relu = Y is not None
+    if compiled(xp, X, mean, dY, *([Y] if relu else [])):
+        x, dy = (np.ascontiguousarray(a).reshape(_flat(shape4)) for a in (X, dY))
+        y = np.ascontiguousarray(Y).reshape(_flat(shape4)) if relu else dy
+        s = _chunked_sums(xp, _flat(shape4), scratch, jit_bnb.gradient_sums,
+                          jit_bnb.gradient_sums_team, x, _pair(mean, shape4), dy, y, relu,
+                          lanes_shape=(2, jit_bnb.LANE_BLOCK * b), sums_shape=(2, blocks, b))
+        return s.reshape(2, blocks * b)
+    g = dY.reshape(shape4)
+    if relu:
+        g = relu_kernels.relu_gradient(xp, Y.reshape(shape4), g,
+                                       scratch("bn.masked", shape4, dY.dtype))
+    centred = scratch("bn.centred", shape4, X.dtype)
+    xp.subtract(X.reshape(shape4), mean.reshape(1, blocks, 1, b), out=centred)
+    centred *= g
+    return xp.stack([_blocked_sum(g), _blocked_sum(centred)])
+
+
+def _blocked_gradient_input(xp, X, mean, dY, Y, a, b, k, is_test: bool, dX,
+                            scratch: Scratch) -> None:
+    """gradient_input on blocked arrays."""
+    shape4 = _view4(X)
+    relu = Y is not None
+    dx = dX.reshape(shape4)
+    if compiled(xp, X, mean, dY, dX, a, b, k, *([Y] if relu else [])):
+        x, dy = (np.ascontiguousarray(v).reshape(_flat(shape4)) for v in (X, dY))
+        y = np.ascontiguousarray(Y).reshape(_flat(shape4)) if relu else dy
+        _each_chunk(xp, _flat(shape4), jit_bnb.gradient_input, jit_bnb.gradient_input_team,
+                    x, _pair(mean, shape4), dy, y, relu,
+                    *(_pair(v, shape4) for v in (a, b, k)), is_test, dx.reshape(_flat(shape4)))
+        return
+    bs = (1, shape4[1], 1, shape4[3])
+    g = dY.reshape(shape4)
+    if relu:
+        g = relu_kernels.relu_gradient(xp, Y.reshape(shape4), g,
+                                       scratch("bn.masked", shape4, dY.dtype))
+    if is_test:
+        xp.multiply(g, k.reshape(bs), out=dx)
+        return
+    xp.subtract(X.reshape(shape4), mean.reshape(bs), out=dx)
+    dx *= a.reshape(bs)
+    xp.subtract(g, dx, out=dx)
+    dx -= b.reshape(bs)
+    dx *= k.reshape(bs)
+
+
 def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX,
                    scratch: Scratch) -> None:
     """dX = ((g − (X − mean)·a) − b)·k per channel, or g·k if is_test; g as in
     gradient_sums (vectors of X's dtype)."""
+    if blocked(X, order):
+        _blocked_gradient_input(xp, X, mean, dY, Y, a, b, k, is_test, dX, scratch)
+        return
     shape3 = view(X.shape, order)
     c = shape3[1]
     relu = Y is not None

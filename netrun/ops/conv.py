@@ -212,6 +212,8 @@ def _gradient_shape_fn(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
     """dW, db (unless no_bias), dX; an op without the dX output takes the leading ones."""
     x, w, dy = ins
     channels = dy.shape[3 if args.order == "NHWC" else 1]
+    if len(dy.shape) == 5:   # channel-blocked (`blocked`): the filters count the channels
+        channels = w.shape[0]
     return [w] + ([] if args.no_bias else [TensorSpec((channels,), dy.dtype)]) + [x]
 
 
@@ -243,7 +245,8 @@ def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
         check_fn=lambda op, a: _check(op, a, transposed, False), family="conv", doc=doc)
     register_schema(
         f"{type}Gradient", inputs=3, outputs=(1, 3), input_names=("X", "W", "dY"),
-        output_names=("dW", "db", "dX"), args=args, shape_fn=_gradient_shape_fn,
+        output_names=("dW", "db", "dX"), args=args + (() if transposed else (_BLOCKED,)),
+        shape_fn=_gradient_shape_fn,
         cost_fn=_make_gradient_cost_fn(transposed),
         check_fn=lambda op, a: _check(op, a, transposed, True), family="conv", doc=grad_doc)
 
@@ -267,8 +270,10 @@ def _plan(ctx, X, W) -> ConvPlan:
                 blocked = fixed_algorithm(problem, BLOCKED_ALGORITHM, ctx.backend.name)
         except ShapeError as e:
             raise ShapeError(f"op {ctx.def_.label}: {e}") from None
-        if any(blocks):
-            plan = ctx.state["plan"] = ConvPlan(key, problem, out_shape, {"forward": blocked},
+        if any(blocks):   # every direction on the one algorithm that reads these layouts
+            directions = {"forward": blocked, "backward_data": blocked,
+                          "backward_filter": blocked}
+            plan = ctx.state["plan"] = ConvPlan(key, problem, out_shape, directions,
                                                 warmed=True, layout=Layout(*blocks))
             ctx.state["algo"] = plan.label
             return plan
@@ -385,7 +390,9 @@ def _backward(ctx, X, W, dY) -> None:
     xp, nhwc = ctx.xp, ctx.args.order == "NHWC"
     x, w, dy = (_to_nchw(ctx, k, a, nhwc) for k, a in (("x", X), ("w", W), ("dy", dY)))
     dW = ctx.output(0, W.shape, W.dtype)
-    db = None if ctx.args.no_bias else ctx.output(1, (dY.shape[3 if nhwc else 1],), dY.dtype)
+    # a channel-blocked dY (N × ⌈M/B⌉ × oH × oW × B) counts its channels in blocks
+    channels = plan.problem.k if dY.ndim == 5 else dY.shape[3 if nhwc else 1]
+    db = None if ctx.args.no_bias else ctx.output(1, (channels,), dY.dtype)
     index = 1 if db is None else 2
     wants_dx = len(ctx.def_.outputs) > index
     dX = ctx.output(index, X.shape, X.dtype) if wants_dx else None
@@ -394,6 +401,8 @@ def _backward(ctx, X, W, dY) -> None:
                 _algo(ctx, plan, "backward_data", (dy, w), dX))
         if both[0] is both[1]:   # one algorithm for both: it may share work between them
             extra = {"bound": True} if both[0].binds_calls else {}
+            if plan.layout is not None:
+                extra["layout"] = plan.layout
             bound = both[0].backward(xp, x, dy, w, plan.problem, dX, dW, ctx.scratch,
                                      dbias=db, **extra)
             if bound is not None:   # the whole op: its calls may repeat
@@ -455,7 +464,7 @@ def _scratch_estimate(ws, op, args, ins) -> int:
     """Scratch of the algorithms this op will pick for the passes it runs (a Conv: forward
     only), so a memory plan can fault it in at bind. Choosing by the rules runs nothing."""
     problem, _ = _conv_problem(args, ins[:2], op.type.startswith("ConvTranspose"))
-    if op.type == "Conv" and any(_blocks(args, ins[0])):
+    if op.type in ("Conv", "ConvGradient") and any(_blocks(args, ins[0])):
         return fixed_algorithm(problem, BLOCKED_ALGORITHM, ws.backend.name).workspace_bytes(
             problem)
     return max(algo.workspace_bytes(problem)
@@ -470,11 +479,15 @@ def _warm_up(ws, op, args, ins) -> None:
     if ws.backend.xp is not np:
         return
     problem, _ = _conv_problem(args, ins[:2], op.type.startswith("ConvTranspose"))
-    blocks = _blocks(args, ins[0]) if op.type == "Conv" else (0, 0)
+    blocks = _blocks(args, ins[0]) if op.type in ("Conv", "ConvGradient") else (0, 0)
     if any(blocks):   # one algorithm, and nothing to warm but its primitives
-        fixed_algorithm(problem, BLOCKED_ALGORITHM, "cpu").prepare(
-            problem, "forward", bias=len(op.inputs) > 2, relu=bool(args.relu),
-            layout=Layout(*blocks), residual=len(op.inputs) > 3)
+        algo = fixed_algorithm(problem, BLOCKED_ALGORITHM, "cpu")
+        if op.type == "Conv":
+            algo.prepare(problem, "forward", bias=len(op.inputs) > 2, relu=bool(args.relu),
+                         layout=Layout(*blocks), residual=len(op.inputs) > 3)
+            return
+        for d in op_directions(op.type, len(op.outputs), bool(args.no_bias)):
+            algo.prepare(problem, d, bias=not args.no_bias, layout=Layout(*blocks))
         return
     # what the passes will ask of an algorithm that fuses them (a forward's bias and ReLU,
     # a filter gradient's db); ConvTranspose adds its bias outside the algorithm

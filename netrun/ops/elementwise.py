@@ -272,11 +272,21 @@ def _shape_of_sum(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
     return [TensorSpec(out, np.result_type(ins[0].dtype, ins[1].dtype).name)]
 
 
+def _same_shape_of_sum(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
+    if args.same_shape:
+        require_same_shape("AddRelu", ("A", "B"), ins[0], ins[1])
+    return _shape_of_sum(args, ins)
+
+
 register_schema("AddRelu", inputs=2, outputs=1, input_names=("A", "B"), output_names=("Y",),
-                inplace=((0, 0), (1, 0)), shape_fn=_shape_of_sum, cost_fn=elementwise_cost(2),
-                family="elementwise",
+                args=[Arg("same_shape", "int", 0, allowed=(0, 1),
+                          doc="1: A and B have the same shape (checked), so the gradient of "
+                              "each is the masked dY itself, with no copy")],
+                inplace=((0, 0), (1, 0)), shape_fn=_same_shape_of_sum,
+                cost_fn=elementwise_cost(2), family="elementwise",
                 doc="Y = max(A + B, 0) with NumPy broadcasting: Add then Relu in one op (a "
-                    "residual block's sum; the bind-time rewrites make it for inference).")
+                    "residual block's sum; the bind-time rewrites make it, for inference and "
+                    "training).")
 
 
 def _add_relu_blocks(xp, a, b, y) -> None:
@@ -290,6 +300,9 @@ def _add_relu_blocks(xp, a, b, y) -> None:
 @register_kernel("AddRelu")
 def add_relu(ctx, A, B):
     xp = ctx.xp
+    if ctx.args.same_shape and A.shape != B.shape:
+        raise ShapeError(f"AddRelu: same_shape=1 but A has shape {fmt(A.shape)} and B "
+                         f"{fmt(B.shape)}")
     shape = broadcast_shapes("AddRelu", A.shape, B.shape)
     Y = ctx.output(0, shape, np.result_type(A.dtype, B.dtype))
     same = A.shape == B.shape == Y.shape and A.ndim > 0
@@ -310,10 +323,16 @@ def add_relu(ctx, A, B):
 
 @register_gradient("AddRelu")
 def _add_relu_grad(g: GradientContext) -> list[OperatorDef]:
-    """ReluGradient on the output, then Add's gradient (which reads A and B for their shapes
-    only: an input overwritten in place is stood in for by the masked dY)."""
+    """ReluGradient on the output, and that masked dY is the gradient of both inputs (of
+    the same shape, as a plain sum's are: no copy); with broadcasting, Add's gradient sums
+    it back to each input's shape (reading A and B for their shapes only: an input
+    overwritten in place is stood in for by the masked dY)."""
     d, dy = g.def_, g.GO(0)
     masked = f"{dy}_relu"
+    ops = [g.op("ReluGradient", [g.O(0), dy], [masked])]
+    if g.args.get("same_shape", 0):
+        for i in (0, 1):
+            g.grad_is(i, masked)
+        return ops
     refs = [masked if d.inputs[i] == d.outputs[0] else g.I(i) for i in (0, 1)]
-    return [g.op("ReluGradient", [g.O(0), dy], [masked]),
-            g.op("AddGradient", [masked, *refs], [g.GI(0), g.GI(1)])]
+    return ops + [g.op("AddGradient", [masked, *refs], [g.GI(0), g.GI(1)])]

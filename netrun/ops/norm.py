@@ -48,10 +48,18 @@ def _bn_check(op, args: Args) -> None:
         raise SchemaError(f"op {op.label}: argument 'epsilon' is {args.epsilon}; it must be > 0")
 
 
+def channels(shape, order: str) -> int:
+    """C of an X in `order`; a 5-D X in order NCHW is channel-blocked (N × C/B × H × W × B,
+    whole blocks: the layout plan of a training net keeps it so between convolutions)."""
+    if len(shape) == 5 and order == "NCHW":
+        return shape[1] * shape[4]
+    return shape[channel_axis(order, len(shape))]
+
+
 def _check_channels(what: str, x: TensorSpec, order: str, vectors, names) -> int:
     if len(x.shape) < 2:
         raise ShapeError(f"{what}: X must be at least N×C, got X {x}")
-    c = x.shape[channel_axis(order, len(x.shape))]
+    c = channels(x.shape, order)
     for name, v in zip(names, vectors):
         if tuple(v.shape) != (c,):
             raise ShapeError(f"{what}: {name} has shape {v} but X has {c} channels ({order}): "

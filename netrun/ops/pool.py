@@ -400,6 +400,11 @@ def average_pool(ctx, X):
 def average_pool_gradient(ctx, X, *rest):
     """dX: dY / divisor added at every tap of its window; the last input is dY."""
     dY = rest[-1]
+    blocked = _blocked_global(ctx.args, TensorSpec(tuple(X.shape), str(X.dtype)))
+    if blocked is not None:   # one window of H·W pixels, the channel blocks kept
+        check_pooled(ctx, "dY", dY, blocked.shape)
+        ctx.xp.divide(dY, X.shape[2] * X.shape[3], out=ctx.output(0, X.shape, X.dtype))
+        return
     g, oh, ow, divisor = pool_setup(ctx, X)
     check_pooled(ctx, "dY", dY, pooled_shape(ctx.args, X.shape, oh, ow))
     dX = ctx.output(0, X.shape, X.dtype)

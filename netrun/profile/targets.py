@@ -26,7 +26,7 @@ from netrun.core.workspace import Workspace
 from netrun.errors import CheckpointError, NetrunError, ShapeError
 from netrun.model import load_model
 from netrun.proto.defs import NetDef
-from netrun.rewrite import Rewritten, bind_rewrite, rewrite, with_train_net
+from netrun.rewrite import Rewritten, bind_rewrite, training_rewrite, with_train_net
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import SolverConfig, load_config
 from netrun.train.solver import build_training
@@ -128,7 +128,7 @@ def _from_model(model, solver, batch, device, forward_only, overrides, seed, des
         phases = ["forward"] * len(net.ops)
         init = model.init_net
     else:
-        done = rewrite(model.train_net, "training", enabled=fuse)
+        done = training_rewrite(model, ws.backend.name, enabled=fuse)
         nets = build_training(with_train_net(model, done.net), solver)
         ws.run_net_once(nets.init)
         net = NetDef("profile_train", nets.step.ops + nets.update.ops)

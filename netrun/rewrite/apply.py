@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from netrun.core.schema import TensorSpec
-from netrun.errors import InternalError
+from netrun.core.shape_inference import infer_shapes
+from netrun.errors import InternalError, NetrunError
 from netrun.proto.defs import NetDef
 from netrun.rewrite import inference, training
 from netrun.rewrite.fold import Fold
@@ -72,8 +73,9 @@ def rewrite(net: NetDef, mode: str, keep: Iterable[str] = (),
             shape_of: Callable[[str], tuple[int, ...] | None] = lambda name: None,
             enabled: bool = True, block: int = 0,
             dtype_of: Callable[[str], str | None] = lambda name: None) -> Rewritten:
-    """Apply the mode's rules to a copy of `net` until none matches, then (inference, with
-    block > 0) plan channel-blocked layouts (netrun.rewrite.layout).
+    """Apply the mode's rules to a copy of `net` until none matches, then (with block > 0)
+    plan channel-blocked layouts (netrun.rewrite.layout; a training net's forward ops, before
+    its backward pass is built).
 
     keep: blobs the caller reads after the net ran (besides its external outputs); their
     values are never fused away nor blocked. shape_of / dtype_of: a parameter's shape and
@@ -101,12 +103,12 @@ def rewrite(net: NetDef, mode: str, keep: Iterable[str] = (),
             result.folds.extend(match.folds)
             for fold in match.folds:
                 out.external_inputs.extend([fold.weight, fold.bias])
-    if mode == "inference" and block:
+    if block:
         # a folded conv's filters are new blobs, shaped and typed as the filters they replace
         made = {f.weight: f.conv_w for f in result.folds}
         ctx = Context(lambda n: shape_of(made.get(n, n)), ctx.taken,
                       lambda n: dtype_of(made.get(n, n)))
-        planned = plan_layouts(ops, keep, block, ctx)
+        planned = plan_layouts(ops, keep, block, ctx, training=mode == "training")
         ops = planned.ops
         result.fired.extend(Fired("blocked_layout", (label,),
                                   f"{label} on blocks of {block} channels")
@@ -145,6 +147,30 @@ def bind_rewrite(net: NetDef, ws, mode: str, keep: Iterable[str] = (),
                      dtype_of)
     result.materialize(ws)
     return result
+
+
+def training_rewrite(model, backend: str = "cpu", enabled: bool = True) -> Rewritten:
+    """A model's train net (netrun.model.Model) with the training rules and, on a backend
+    with a layout block (`layout_block`), the layout plan. Shapes and data types come from
+    the model's init net and the train net at batch 2 (a plan needs the filters'; the
+    add_relu rule compares a sum's inputs: shapes equal at batch 2 are equal at any)."""
+    specs = _init_specs(model.init_net)
+    try:
+        specs = infer_shapes(model.train_net, {**specs, **model.input_specs(2)}).blobs
+    except NetrunError:
+        pass
+    return rewrite(model.train_net, "training", (),
+                   lambda n: specs[n].shape if n in specs else None, enabled,
+                   layout_block(backend), lambda n: specs[n].dtype if n in specs else None)
+
+
+def _init_specs(init: NetDef) -> dict[str, TensorSpec]:
+    """Specs of what an init net makes; {} when its shapes cannot be inferred (then no conv
+    is planned blocked)."""
+    try:
+        return infer_shapes(init, {}).blobs
+    except NetrunError:
+        return {}
 
 
 def with_train_net(model, net: NetDef):

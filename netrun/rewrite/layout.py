@@ -17,6 +17,14 @@ inputs are all blocked (Relu, AddRelu, a plain Add, Sum: the same arithmetic in 
 as the padding channels stay 0; and global pooling, which keeps the channel blocks), which
 then reorders its one result where needed rather than each of its inputs. Every kept value
 and net output stays NCHW.
+
+A training net's forward ops are planned the same way before its backward pass is built
+(netrun.rewrite.apply), and batch normalization in training (SpatialBN, SpatialBNRelu)
+joins the ops that keep a blocked value blocked: a residual net's activations then stay
+blocked from its first convolution to its pooling, and so do their gradients, which the
+gradient registry makes from the planned ops (a reorder's gradient is the other reorder).
+Batch normalization would make padding channels nonzero, so a training plan blocks only
+convolutions whose channels fill whole blocks.
 """
 from __future__ import annotations
 
@@ -38,13 +46,23 @@ class LayoutPlan:
     reorders: list[str] = field(default_factory=list)    # labels of the reorder ops added
 
 
-def _conv_capable(o: OperatorDef, ctx: Context) -> bool:
+def _conv_capable(o: OperatorDef, ctx: Context, whole: int = 0) -> bool:
+    """Whether Conv o can run on oneDNN in blocked layouts (with whole > 0: and its filters
+    fill whole blocks of `whole` channels)."""
     a = o.args
     if (o.type != "Conv" or a.get("order", "NCHW") != "NCHW" or int(a.get("group", 1)) != 1
             or a.get("algo", "") not in ("", "onednn") or int(a.get("blocked", 0))):
         return False
     w = o.inputs[1]
-    return len(ctx.shape_of(w) or ()) == 4 and ctx.dtype_of(w) == "float32"
+    shape = ctx.shape_of(w) or ()
+    return (len(shape) == 4 and ctx.dtype_of(w) == "float32"
+            and (not whole or shape[0] % whole == 0))
+
+
+def _normalizes(o: OperatorDef) -> bool:
+    """Whether o is batch normalization over NCHW's channel axis (blocked in training: its
+    first output takes its X's layout, the statistics stay per-channel vectors)."""
+    return o.type in ("SpatialBN", "SpatialBNRelu") and o.args.get("order", "NCHW") == "NCHW"
 
 
 def _elementwise(o: OperatorDef) -> bool:
@@ -66,14 +84,21 @@ def _flattens_channels(o: OperatorDef) -> bool:
 
 
 def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
-                 ctx: Context) -> LayoutPlan:
-    """The plan for channel blocks of `block`, as described in the module doc."""
+                 ctx: Context, training: bool = False) -> LayoutPlan:
+    """The plan for channel blocks of `block`, as described in the module doc (training: a
+    training net's forward ops)."""
     g = Graph(ops, keep)
     writes: dict[str, int] = {}
     for o in ops:
         for name in o.outputs:
             writes[name] = writes.get(name, 0) + 1
-    capable = [_conv_capable(o, ctx) or _elementwise(o) for o in ops]
+    def conv_capable(o: OperatorDef) -> bool:
+        return _conv_capable(o, ctx, block if training else 0)
+
+    def normalizes(o: OperatorDef) -> bool:
+        return training and _normalizes(o)
+
+    capable = [conv_capable(o) or _elementwise(o) or normalizes(o) for o in ops]
 
     def _holds_one_value(i: int, name: str) -> bool:
         """Whether `name`, op i's first output, is written once and kept by nobody."""
@@ -114,24 +139,29 @@ def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
     # would reorder in each of them): reordered once, before the first
     shared = {}
     for i, o in enumerate(ops):
-        if capable[i] and o.type == "Conv" and ctx.shape_of(o.inputs[1])[1] >= block:
+        if conv_capable(o) and ctx.shape_of(o.inputs[1])[1] >= block:
             value = g.producers.get((i, 0), o.inputs[0])
             shared[value] = shared.get(value, 0) + 1
 
     for i, o in enumerate(ops):
         x = o.inputs[0] if o.inputs else None
-        if (_conv_capable(o, ctx) and x not in channels
+        if (conv_capable(o) and x not in channels
                 and shared.get(g.producers.get((i, 0), x), 0) > 1):
             o = o.with_(inputs=(as_blocked(x), *o.inputs[1:]))
-        if _conv_capable(o, ctx) and may_block(i):
+        if conv_capable(o) and may_block(i):
             ins = list(o.inputs)
             if len(ins) > 3:   # the residual is summed in the output's layout
                 ins[3] = as_blocked(ins[3])
             made = o.with_(inputs=tuple(ins), args={**o.args, "blocked": block})
             channels[o.outputs[0]] = ctx.shape_of(o.inputs[1])[0]
             out.blocked.append(made.label)
-        elif _conv_capable(o, ctx):   # reads X blocked or not; writes NCHW
+        elif conv_capable(o):   # reads X blocked or not; writes NCHW
             made = o.with_(inputs=(o.inputs[0], *map(nchw, o.inputs[1:])))
+        elif normalizes(o) and o.inputs[0] in channels and _holds_one_value(i, o.outputs[0]):
+            # Y blocked like X; the scale, bias and statistics are per-channel vectors
+            made = o.with_(inputs=(o.inputs[0], *map(nchw, o.inputs[1:])))
+            channels[o.outputs[0]] = channels[o.inputs[0]]
+            out.blocked.append(made.label)
         elif (_elementwise(o) and all(n in channels for n in o.inputs)
               and len({channels[n] for n in o.inputs}) == 1):
             # blocked even when no reader takes it so: one reorder of the result instead of

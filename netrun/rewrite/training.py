@@ -5,6 +5,7 @@ from __future__ import annotations
 from netrun.core.schema import all_schemas
 from netrun.core.gradient import has_gradient
 from netrun.rewrite.graph import Graph
+from netrun.proto.defs import OperatorDef
 from netrun.rewrite.rule import Context, Match, Rule, fused_name
 
 
@@ -21,6 +22,21 @@ def _bn_relu(g: Graph, ctx: Context) -> Match | None:
     return None
 
 
+def _add_relu(g: Graph, ctx: Context) -> Match | None:
+    for i, add, j, relu in g.after("Relu"):
+        plain = add.type == "Add" and not int(add.args.get("broadcast", 0))
+        if (not (plain or add.type == "Sum") or len(add.inputs) != 2 or not g.private(i, j)
+                or not g.clean_between(i, j, add.inputs)):
+            continue
+        # inputs of one known shape (a residual sum) share the masked gradient, no copies
+        shapes = [ctx.shape_of(n) for n in add.inputs]
+        same = int(shapes[0] is not None and shapes[0] == shapes[1])
+        fused = OperatorDef("AddRelu", add.inputs, relu.outputs, {"same_shape": same},
+                            fused_name(add, relu), add.device, add.engine)
+        return Match((i, j), fused)
+    return None
+
+
 def _available() -> bool:
     return "SpatialBNRelu" in all_schemas() and has_gradient("SpatialBNRelu")
 
@@ -28,4 +44,6 @@ def _available() -> bool:
 RULES = (
     Rule("bn_relu", "SpatialBN then Relu: one SpatialBNRelu op (its gradient in one pass "
          "too)", "training", _bn_relu, _available),
+    Rule("add_relu", "Add (or a two-input Sum) then Relu: one AddRelu op; inputs of one "
+         "shape get the masked gradient itself", "training", _add_relu),
 )

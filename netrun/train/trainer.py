@@ -40,7 +40,8 @@ from netrun.errors import CheckpointError, NetrunError
 from netrun.model import load_model
 from netrun.ops.norm import synchronized
 from netrun.proto.pbtxt import netdef_to_text
-from netrun.rewrite import Rewritten, bind_rewrite, layout_block, rewrite, with_train_net
+from netrun.rewrite import (Rewritten, bind_rewrite, layout_block, rewrite, training_rewrite,
+                            with_train_net)
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import TrainConfig
 from netrun.train.data import (
@@ -190,7 +191,7 @@ class Trainer:
         """The nets to bind: `nets` with the training and inference rewrites applied."""
         if not fuse:
             return self.nets
-        train = rewrite(self.model.train_net, "training")
+        train = training_rewrite(self.model, self.ws.backend.name)
         nets = self.nets
         if train.fired:
             nets = build_training(with_train_net(self.model, train.net),

@@ -168,14 +168,15 @@ class OneDNNConv(ConvAlgorithm):
         if y is not out:
             out[...] = y
 
-    def backward_data(self, xp, dy, w, p, out, scratch):
+    def backward_data(self, xp, dy, w, p, out, scratch, layout=engine.NCHW):
+        """`layout`: dy blocked as the forward's y (y_block), out as its x (x_block)."""
         dy, w = _c(dy), _c(w)
         dx = _writable(out, scratch, "onednn.dx")
 
         filters = _Filters(w, scratch)
 
         def chunk(index, n0, n1, s) -> _Chunk:
-            d = engine.plan(spec(p, n1 - n0), "backward_data", 1)
+            d = engine.plan(spec(p, n1 - n0), "backward_data", 1, layout=layout)
             calls, held, _ = engine.steps(d, s, filters.staged(d), diff_dst=dy[n0:n1],
                                           diff_src=dx[n0:n1])
             return _Chunk(calls, held)
@@ -184,31 +185,36 @@ class OneDNNConv(ConvAlgorithm):
         if dx is not out:
             out[...] = dx
 
-    def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None):
+    def backward_filter(self, xp, x, dy, p, out, scratch, dbias=None, layout=engine.NCHW):
+        """`layout`: x and dy blocked as the forward pass's x and y."""
         x, dy = _c(x), _c(dy)
         dw = _writable(out, scratch, "onednn.dw")
 
         def chunk(index, n0, n1, s) -> _Chunk:
-            d = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None)
+            d = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None,
+                            layout=layout)
             return _filter_chunk(d, s, index, x[n0:n1], dy[n0:n1], dw, dbias, {})
 
         _chunked(p, scratch, chunk)
         if dw is not out:
             out[...] = dw
 
-    def backward(self, xp, x, dy, w, p, dx, dw, scratch, dbias=None, bound=False):
-        """Both gradients chunk by chunk, dY reordered into oneDNN's layout once for both.
-        With bound=True, where the chunks ran as one team call on dx and dw themselves, that
-        call is returned bound (team.BoundTeam), for the caller to run again while the
-        arrays and the op's scratch stay where they are; otherwise None."""
+    def backward(self, xp, x, dy, w, p, dx, dw, scratch, dbias=None, bound=False,
+                 layout=engine.NCHW):
+        """Both gradients chunk by chunk, dY reordered into oneDNN's layout once for both
+        (not at all when `layout` has it blocked as oneDNN runs it). With bound=True, where
+        the chunks ran as one team call on dx and dw themselves, that call is returned bound
+        (team.BoundTeam), for the caller to run again while the arrays and the op's scratch
+        stay where they are; otherwise None."""
         x, dy, w = _c(x), _c(dy), _c(w)
         gx = _writable(dx, scratch, "onednn.dx")
         gw = _writable(dw, scratch, "onednn.dw")
         filters = _Filters(w, scratch)
 
         def chunk(index, n0, n1, s) -> _Chunk:
-            data = engine.plan(spec(p, n1 - n0), "backward_data", 1)
-            weights = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None)
+            data = engine.plan(spec(p, n1 - n0), "backward_data", 1, layout=layout)
+            weights = engine.plan(spec(p, n1 - n0), "backward_weights", 1, dbias is not None,
+                                  layout=layout)
             shared, calls, held = {}, [], []
             if data.chosen["diff_dst"] == weights.chosen["diff_dst"]:
                 shared["diff_dst"], calls = engine.stage_steps(data, "diff_dst", dy[n0:n1], s,

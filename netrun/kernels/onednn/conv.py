@@ -297,11 +297,12 @@ def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
           plain: bool = False, count: int = 1, layout: Layout = NCHW) -> Direction | None:
     """The compiled direction ('forward', 'backward_data', 'backward_weights') for s on
     `count` OpenMP threads (the caller has set them); None when oneDNN has no kernel for it.
-    A layout other than NCHW is for the forward direction only."""
+    A backward direction's layout blocks its data gradients as the forward pass's arrays:
+    diff_src like src (x_block), diff_dst like dst (y_block); add_dst is forward-only."""
     lib = api.get()
-    if layout != NCHW and direction != "forward":
-        raise api.OneDNNError(f"a {direction} plan in layout {layout}: blocked layouts are "
-                              f"planned for inference (forward) only")
+    if layout.add_dst and direction != "forward":
+        raise api.OneDNNError(f"a {direction} plan with a residual post-op (layout {layout}): "
+                              f"the residual is a forward pass's")
     user = _user_mds(lib, s, layout)
     hint = _forward_pd(lib, s, bias, relu and direction == "forward", plain, layout,
                        None if direction == "forward" else "forward_training")
