@@ -60,11 +60,15 @@ def alternate(fns: dict, reps: int, block: int = 4) -> dict[str, float]:
     previous library's worker threads (OpenMP and OpenBLAS spin for several milliseconds
     after each call) would otherwise be charged to this one, most of all on sub-millisecond
     passes. A callable whose `times_itself` is true returns its own milliseconds (a net run
-    in another process: own_process.OwnProcessNet).
+    in another process: own_process.OwnProcessNet); one with a `block` method makes a whole
+    block, settling included, itself (back to back there, as here).
     """
     times: dict[str, list[float]] = {k: [] for k in fns}
     while min(len(v) for v in times.values()) < reps:
         for k, f in fns.items():
+            if hasattr(f, "block"):   # netrun's own process runs the block itself
+                times[k] += f.block(SETTLE_MS, min(block, reps - len(times[k])) or 1)
+                continue
             settle = time.perf_counter() + SETTLE_MS / 1e3
             f()
             while time.perf_counter() < settle:

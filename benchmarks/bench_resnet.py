@@ -35,6 +35,7 @@ import json
 import math
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -42,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_cpu import alternate  # noqa: E402
+from bench_cpu import SETTLE_MS, alternate  # noqa: E402
 from own_process import InProcessNet, OwnProcessNet  # noqa: E402
 from resnets import torch_resnet  # noqa: E402
 from torch_steps import torch_step  # noqa: E402
@@ -127,6 +128,9 @@ def bench_row(torch, ort, net: str, phase: str, batch: int, args) -> dict:
     runner = InProcessNet if args.same_process else OwnProcessNet
     with runner(str(REPO / NETS[net]), batch, phase == "infer", args.algo_mode) as netrun:
         times = alternate({"netrun": netrun, **others}, args.reps, block=args.block)
+        # the last block's library spins its threads for a while (ONNX Runtime's ~80 ms):
+        # a profile made inside that window timed ResNet-20's batch-1 pass at 10× its length
+        time.sleep(SETTLE_MS / 1e3)
         prof = netrun.profile(args.profile_iters)
     row = {"net": net, "phase": phase, "batch": batch, "netrun": times["netrun"],
            "torch": times["torch"], "ort": times.get("ort"),
