@@ -1,11 +1,12 @@
 """Training rules, applied to the forward ops before the backward pass is built: the gradient
-registry then makes the fused ops' own gradients (SpatialBNRelu -> SpatialBNReluGradient)."""
+registry then makes the fused ops' own gradients (SpatialBNRelu -> SpatialBNReluGradient;
+AddRelu -> ReluGradient, its masked dY being both inputs' gradient)."""
 from __future__ import annotations
 
-from netrun.core.schema import all_schemas
 from netrun.core.gradient import has_gradient
-from netrun.rewrite.graph import Graph
+from netrun.core.schema import all_schemas
 from netrun.proto.defs import OperatorDef
+from netrun.rewrite.graph import Graph
 from netrun.rewrite.rule import Context, Match, Rule, fused_name
 
 

@@ -40,8 +40,14 @@ from netrun.errors import CheckpointError, NetrunError
 from netrun.model import load_model
 from netrun.ops.norm import synchronized
 from netrun.proto.pbtxt import netdef_to_text
-from netrun.rewrite import (Rewritten, bind_rewrite, layout_block, rewrite, training_rewrite,
-                            with_train_net)
+from netrun.rewrite import (
+    Rewritten,
+    bind_rewrite,
+    layout_block,
+    rewrite,
+    training_rewrite,
+    with_train_net,
+)
 from netrun.train import checkpoint as ckpt
 from netrun.train.config import TrainConfig
 from netrun.train.data import (
