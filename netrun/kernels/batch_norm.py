@@ -275,14 +275,7 @@ def gradient_sums(xp, X, mean, dY, Y, order: str, scratch: Scratch) -> np.ndarra
         y = np.ascontiguousarray(Y).reshape(shape3) if relu else dy
         return _chunked_sums(xp, shape3, scratch, jit_bn.gradient_sums,
                              jit_bn.gradient_sums_team, x, mean, dy, y, relu)
-    g = dY.reshape(shape3)
-    if relu:
-        g = relu_kernels.relu_gradient(xp, Y.reshape(shape3), g,
-                                       scratch("bn.masked", shape3, dY.dtype))
-    centred = scratch("bn.centred", shape3, X.dtype)
-    xp.subtract(X.reshape(shape3), mean.reshape(1, c, 1), out=centred)
-    centred *= g
-    return xp.stack([_channel_sum(g), _channel_sum(centred)])
+    return _numpy_gradient_sums(xp, X, mean, dY, Y, shape3, (1, c, 1), _channel_sum, scratch)
 
 
 def _blocked_gradient_sums(xp, X, mean, dY, Y, scratch: Scratch):
@@ -297,14 +290,8 @@ def _blocked_gradient_sums(xp, X, mean, dY, Y, scratch: Scratch):
                           jit_bnb.gradient_sums_team, x, _pair(mean, shape4), dy, y, relu,
                           lanes_shape=(2, jit_bnb.LANE_BLOCK * b), sums_shape=(2, blocks, b))
         return s.reshape(2, blocks * b)
-    g = dY.reshape(shape4)
-    if relu:
-        g = relu_kernels.relu_gradient(xp, Y.reshape(shape4), g,
-                                       scratch("bn.masked", shape4, dY.dtype))
-    centred = scratch("bn.centred", shape4, X.dtype)
-    xp.subtract(X.reshape(shape4), mean.reshape(1, blocks, 1, b), out=centred)
-    centred *= g
-    return xp.stack([_blocked_sum(g), _blocked_sum(centred)])
+    return _numpy_gradient_sums(xp, X, mean, dY, Y, shape4, (1, blocks, 1, b), _blocked_sum,
+                                scratch)
 
 
 def _blocked_gradient_input(xp, X, mean, dY, Y, a, b, k, is_test: bool, dX,
@@ -320,19 +307,8 @@ def _blocked_gradient_input(xp, X, mean, dY, Y, a, b, k, is_test: bool, dX,
                     x, _pair(mean, shape4), dy, y, relu,
                     *(_pair(v, shape4) for v in (a, b, k)), is_test, dx.reshape(_flat(shape4)))
         return
-    bs = (1, shape4[1], 1, shape4[3])
-    g = dY.reshape(shape4)
-    if relu:
-        g = relu_kernels.relu_gradient(xp, Y.reshape(shape4), g,
-                                       scratch("bn.masked", shape4, dY.dtype))
-    if is_test:
-        xp.multiply(g, k.reshape(bs), out=dx)
-        return
-    xp.subtract(X.reshape(shape4), mean.reshape(bs), out=dx)
-    dx *= a.reshape(bs)
-    xp.subtract(g, dx, out=dx)
-    dx -= b.reshape(bs)
-    dx *= k.reshape(bs)
+    _numpy_gradient_input(xp, X, mean, dY, Y, shape4, (1, shape4[1], 1, shape4[3]), a, b, k,
+                          is_test, dx, scratch)
 
 
 def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX,
@@ -352,16 +328,38 @@ def gradient_input(xp, X, mean, dY, Y, order: str, a, b, k, is_test: bool, dX,
         _each_chunk(xp, shape3, jit_bn.gradient_input, jit_bn.gradient_input_team, x, mean,
                     dy, y, relu, a, b, k, is_test, dx)
         return
-    bs = (1, c, 1)
-    dx = dX.reshape(shape3)
-    g = dY.reshape(shape3)
-    if relu:
-        g = relu_kernels.relu_gradient(xp, Y.reshape(shape3), g,
-                                       scratch("bn.masked", shape3, dY.dtype))
+    _numpy_gradient_input(xp, X, mean, dY, Y, shape3, (1, c, 1), a, b, k, is_test,
+                          dX.reshape(shape3), scratch)
+
+
+def _masked(xp, dY, Y, shape, scratch: Scratch):
+    """g: dY, or dY·(Y > 0) given Y, viewed as `shape` (NumPy paths)."""
+    g = dY.reshape(shape)
+    if Y is None:
+        return g
+    return relu_kernels.relu_gradient(xp, Y.reshape(shape), g,
+                                      scratch("bn.masked", shape, dY.dtype))
+
+
+def _numpy_gradient_sums(xp, X, mean, dY, Y, shape, bs, total, scratch: Scratch):
+    """gradient_sums without the compiled kernels: arrays viewed as `shape`, the vectors
+    as `bs`, `total` the float64 per-channel sum of such a view."""
+    g = _masked(xp, dY, Y, shape, scratch)
+    centred = scratch("bn.centred", shape, X.dtype)
+    xp.subtract(X.reshape(shape), mean.reshape(bs), out=centred)
+    centred *= g
+    return xp.stack([total(g), total(centred)])
+
+
+def _numpy_gradient_input(xp, X, mean, dY, Y, shape, bs, a, b, k, is_test: bool, dx,
+                          scratch: Scratch) -> None:
+    """gradient_input without the compiled kernels into dx (viewed as `shape`), the vectors
+    as `bs`."""
+    g = _masked(xp, dY, Y, shape, scratch)
     if is_test:
         xp.multiply(g, k.reshape(bs), out=dx)
         return
-    xp.subtract(X.reshape(shape3), mean.reshape(bs), out=dx)
+    xp.subtract(X.reshape(shape), mean.reshape(bs), out=dx)
     dx *= a.reshape(bs)
     xp.subtract(g, dx, out=dx)
     dx -= b.reshape(bs)

@@ -117,16 +117,25 @@ def _conv_relu(g: Graph, ctx: Context) -> Match | None:
     return None
 
 
-def _add_relu(g: Graph, ctx: Context) -> Match | None:
+def sum_then_relu(g: Graph) -> tuple[int, OperatorDef, int, OperatorDef] | None:
+    """The first (i, add, j, relu): a two-input plain Add (no legacy broadcast) or Sum whose
+    result only a Relu reads, with nothing between them touching the summands."""
     for i, add, j, relu in g.after("Relu"):
         plain = add.type == "Add" and not int(add.args.get("broadcast", 0))
-        if (not (plain or add.type == "Sum") or len(add.inputs) != 2 or not g.private(i, j)
-                or not g.clean_between(i, j, add.inputs)):
-            continue
-        fused = OperatorDef("AddRelu", add.inputs, relu.outputs, {}, fused_name(add, relu),
-                            add.device, add.engine)
-        return Match((i, j), fused)
+        if ((plain or add.type == "Sum") and len(add.inputs) == 2 and g.private(i, j)
+                and g.clean_between(i, j, add.inputs)):
+            return i, add, j, relu
     return None
+
+
+def _add_relu(g: Graph, ctx: Context) -> Match | None:
+    found = sum_then_relu(g)
+    if found is None:
+        return None
+    i, add, j, relu = found
+    fused = OperatorDef("AddRelu", add.inputs, relu.outputs, {}, fused_name(add, relu),
+                        add.device, add.engine)
+    return Match((i, j), fused)
 
 
 def _conv_add_relu(g: Graph, ctx: Context) -> Match | None:

@@ -7,6 +7,7 @@ from netrun.core.gradient import has_gradient
 from netrun.core.schema import all_schemas
 from netrun.proto.defs import OperatorDef
 from netrun.rewrite.graph import Graph
+from netrun.rewrite.inference import sum_then_relu
 from netrun.rewrite.rule import Context, Match, Rule, fused_name
 
 
@@ -24,18 +25,16 @@ def _bn_relu(g: Graph, ctx: Context) -> Match | None:
 
 
 def _add_relu(g: Graph, ctx: Context) -> Match | None:
-    for i, add, j, relu in g.after("Relu"):
-        plain = add.type == "Add" and not int(add.args.get("broadcast", 0))
-        if (not (plain or add.type == "Sum") or len(add.inputs) != 2 or not g.private(i, j)
-                or not g.clean_between(i, j, add.inputs)):
-            continue
-        # inputs of one known shape (a residual sum) share the masked gradient, no copies
-        shapes = [ctx.shape_of(n) for n in add.inputs]
-        same = int(shapes[0] is not None and shapes[0] == shapes[1])
-        fused = OperatorDef("AddRelu", add.inputs, relu.outputs, {"same_shape": same},
-                            fused_name(add, relu), add.device, add.engine)
-        return Match((i, j), fused)
-    return None
+    found = sum_then_relu(g)
+    if found is None:
+        return None
+    i, add, j, relu = found
+    # inputs of one known shape (a residual sum) share the masked gradient, no copies
+    shapes = [ctx.shape_of(n) for n in add.inputs]
+    same = int(shapes[0] is not None and shapes[0] == shapes[1])
+    fused = OperatorDef("AddRelu", add.inputs, relu.outputs, {"same_shape": same},
+                        fused_name(add, relu), add.device, add.engine)
+    return Match((i, j), fused)
 
 
 def _available() -> bool:

@@ -62,6 +62,14 @@ def _tile(v, cb, n, out):
 
 
 @kernel
+def _zero(lanes, n):
+    """lanes[:, :n] = 0."""
+    for j in range(U(n)):
+        lanes[0, j] = 0.0
+        lanes[1, j] = 0.0
+
+
+@kernel
 def _fold(lanes, n, b_n, cb, sums):
     """sums[:, cb, b] += lanes[:, p·B + b] for p in 0:n, in position order, B channels at a
     time."""
@@ -84,9 +92,7 @@ def stats(x, shift, lanes, sums):
         _tile(shift, cb, step, tile)
         for j0 in range(U(0), pb_n, step):
             j1 = min(j0 + step, pb_n)
-            for j in range(j1 - j0):
-                lanes[0, j] = 0.0
-                lanes[1, j] = 0.0
+            _zero(lanes, j1 - j0)
             for o in range(o_n):
                 for j in range(j0, j1):
                     d = np.float64(x[o, cb, j]) - tile[j - j0]
@@ -132,9 +138,7 @@ def gradient_sums(x, mean, dy, y, relu, lanes, sums):
         _tile(mean, cb, step, tile)
         for j0 in range(U(0), pb_n, step):
             j1 = min(j0 + step, pb_n)
-            for j in range(j1 - j0):
-                lanes[0, j] = 0.0
-                lanes[1, j] = 0.0
+            _zero(lanes, j1 - j0)
             for o in range(o_n):
                 if relu:
                     for j in range(j0, j1):
