@@ -13,10 +13,11 @@ import numpy as np
 
 from netrun.core.gradient import GradientContext, register_gradient
 from netrun.core.lifetimes import register_shape_reads
-from netrun.core.registry import register_kernel
+from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import MANY, Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
 from netrun.kernels import parallel
+from netrun.kernels import relu as relu_kernels
 from netrun.ops.common import elementwise_cost, fmt, require_same_shape
 from netrun.proto.defs import OperatorDef
 
@@ -310,6 +311,9 @@ def add_relu(ctx, A, B):
         xp.add(A, B, out=Y)
         xp.maximum(Y, 0, out=Y)
         return
+    if relu_kernels.compiled(xp, A, B, Y):   # one compiled pass over fixed chunks
+        relu_kernels.add_relu(xp, A, B, Y)
+        return
     # Images are independent: the batch's fixed chunks on the worker threads (no sums, so
     # the bits never depend on the partition).
     n = Y.shape[0]
@@ -319,6 +323,12 @@ def add_relu(ctx, A, B):
         _add_relu_blocks(xp, a[n0:n1].reshape(-1), b[n0:n1].reshape(-1), y[n0:n1].reshape(-1))
 
     parallel.chunks(xp, n, chunk, work=3 * Y.size)
+
+
+@register_preparer("AddRelu")
+def _prepare_add_relu(ctx) -> None:
+    """Load the compiled pass at bind time (not in the first iteration)."""
+    relu_kernels.prepare(ctx.xp)
 
 
 @register_gradient("AddRelu")

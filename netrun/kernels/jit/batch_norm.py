@@ -42,6 +42,7 @@ def prepare(dtype: str = "float32") -> None:
     gradient_input.prepare(f"void({x3}, {v}, {x3}, {x3}, boolean, {v}, {v}, {v}, boolean, "
                            f"{x3})")
     relu.prepare(f"void({flat}, {flat})")
+    add_relu.prepare(f"void({flat}, {flat}, {flat})")
     relu_gradient.prepare(f"void({flat}, {flat}, {flat})")
 
 
@@ -59,6 +60,7 @@ def prepare_team(dtype: str = "float32") -> None:
     gradient_input_team.prepare(f"void({team}, {x3}, {v}, {x3}, {x3}, boolean, {v}, {v}, "
                                 f"{v}, boolean, {x3})")
     relu_team.prepare(f"void({team}, {flat}, {flat})")
+    add_relu_team.prepare(f"void({team}, {flat}, {flat}, {flat})")
     relu_gradient_team.prepare(f"void({team}, {flat}, {flat}, {flat})")
 
 
@@ -240,6 +242,16 @@ def relu(x, y):
 
 
 @kernel
+def add_relu(a, b, y):
+    """y = max(a + b, 0) over flat arrays (the sum rounded as NumPy's; NaN stays NaN); y may
+    be a or b."""
+    zero = a.dtype.type(0)
+    for i in range(U(a.shape[0])):
+        v = a[i] + b[i]
+        y[i] = v if not v <= zero else zero
+
+
+@kernel
 def relu_gradient(y, dy, dx):
     """dx = dy·(y > 0) over flat arrays (NaN·0 stays NaN, as in NumPy); dx may be dy."""
     one, zero = dy.dtype.type(1), dy.dtype.type(0)
@@ -302,6 +314,15 @@ def relu_team(slots, starts, x, y):
         for c in range(w, starts.shape[0] - 1, slots):
             a, b = starts[c], starts[c + 1]
             relu(x[a:b], y[a:b])
+
+
+@team_kernel
+def add_relu_team(slots, starts, a, b, y):
+    """`add_relu` chunk by chunk (flat arrays)."""
+    for w in jit.prange(slots):
+        for c in range(w, starts.shape[0] - 1, slots):
+            i0, i1 = starts[c], starts[c + 1]
+            add_relu(a[i0:i1], b[i0:i1], y[i0:i1])
 
 
 @team_kernel
