@@ -24,12 +24,20 @@ joins the ops that keep a blocked value blocked: a residual net's activations th
 blocked from its first convolution to its pooling, and so do their gradients, which the
 gradient registry makes from the planned ops (a reorder's gradient is the other reorder).
 Batch normalization would make padding channels nonzero, so a training plan blocks only
-convolutions whose channels fill whole blocks.
+convolutions whose channels fill whole blocks. And a training net is planned only where
+most of its convolution work is of the kinds NCHW training runs on oneDNN anyway: blocked,
+every convolution runs oneDNN's kernels, and where netrun's own win in NCHW (1×1 layers on
+GEMM, 3×3 layers of 64+ channels on Winograd: netrun.conv.rules) the reorders saved do not
+pay for it. ResNet-50's step at batch 8 took 1.05-1.07× as long planned (its 3×3 layers'
+gradients 680 ms on oneDNN against 430 on Winograd); ResNet-20's, 70% of whose work is 3×3
+layers of 16 and 32 channels, 0.875-0.93×.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from netrun.conv import rules
+from netrun.kernels.geometry import ConvGeometry
 from netrun.proto.defs import OperatorDef
 from netrun.rewrite.graph import Graph
 from netrun.rewrite.rule import Context
@@ -83,10 +91,40 @@ def _flattens_channels(o: OperatorDef) -> bool:
     return o.type in ("FC", "Flatten") and int(o.args.get("axis", 1)) == 1
 
 
+def _netrun_kind(o: OperatorDef, ctx: Context) -> bool:
+    """Whether NCHW training runs Conv o on netrun's own kernels rather than oneDNN's: a 1×1
+    layer (GEMM), or a 3×3 stride-1 layer of ONEDNN_WINOGRAD_CHANNELS+ both ways (Winograd)."""
+    k, c, kh, kw = ctx.shape_of(o.inputs[1])
+    if kh == kw == 1:
+        return True
+    strides = ConvGeometry.from_args(o.args)
+    return ((kh, kw, strides.sh, strides.sw) == (3, 3, 1, 1)
+            and min(c, k) >= rules.ONEDNN_WINOGRAD_CHANNELS)
+
+
+def _worth_training_plan(ops: list[OperatorDef], ctx: Context, block: int) -> bool:
+    """Whether at least half of a training net's work in the convolutions a plan would block
+    is of the kinds NCHW training runs on oneDNN anyway (see the module doc)."""
+    ours = theirs = 0
+    for o in ops:
+        if not _conv_capable(o, ctx, block):
+            continue
+        k, c, kh, kw = ctx.shape_of(o.inputs[1])
+        out = ctx.shape_of(o.outputs[0])
+        work = k * c * kh * kw * (out[-1] * out[-2] if out and len(out) == 4 else 1)
+        if _netrun_kind(o, ctx):
+            ours += work
+        else:
+            theirs += work
+    return theirs >= ours
+
+
 def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
                  ctx: Context, training: bool = False) -> LayoutPlan:
     """The plan for channel blocks of `block`, as described in the module doc (training: a
     training net's forward ops)."""
+    if training and not _worth_training_plan(ops, ctx, block):
+        return LayoutPlan(list(ops))
     g = Graph(ops, keep)
     writes: dict[str, int] = {}
     for o in ops:

@@ -4,7 +4,8 @@ ReLU, the residual sum, global pooling and all their gradients run on channel-bl
 arrays. Every parameter gradient matches the same net run in NCHW with the same oneDNN
 kernels; convolutions whose channels do not fill whole blocks stay NCHW (batch
 normalization would make padding channels nonzero); ResNet-20's training step has no
-reorder at all; the blocked batch-norm kernels compute the NCHW kernels' bits."""
+reorder at all, ResNet-50's is not planned (its layers run faster on netrun's own kernels in
+NCHW); the blocked batch-norm kernels compute the NCHW kernels' bits."""
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -117,6 +118,16 @@ def test_resnet20_training_step_has_no_reorder(repo=None):
     assert sum(o.type == "Conv" for o in done.net.ops) == 21
     assert len(blocked) >= 21 + 21 + 9    # every conv, BN and residual ReLU
     assert "blocked_layout" not in training_rewrite(model, "gpu").counts()
+
+
+def test_a_net_of_mostly_winograd_and_1x1_layers_trains_in_nchw():
+    """ResNet-50's work is in 1×1 layers (netrun's GEMM in NCHW) and 3×3 layers of 64+
+    channels (Winograd): oneDNN's blocked kernels would replace faster ones, so its training
+    net is not planned."""
+    from pathlib import Path
+
+    model = load_model(str(Path(__file__).resolve().parents[2] / "zoo" / "resnet50.yaml"))
+    assert "blocked_layout" not in training_rewrite(model, "cpu").counts()
 
 
 def _blocked(a: np.ndarray, block: int) -> np.ndarray:
