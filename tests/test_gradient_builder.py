@@ -150,3 +150,16 @@ def test_a_shared_gradient_blob_is_never_accumulated_in_place(same_shape):
     y = np.maximum(a + b, 0)
     da, db = 2 * y * (y > 0) + 2 * a, 2 * y * (y > 0) + 2 * b
     np.testing.assert_allclose(out[grads["x"]], da * 2 * x + db * (x > 0))
+
+
+def test_parameters_never_share_a_gradient_blob():
+    """AddRelu(p, q) of two parameters: the masked dY stands for both gradients, but update
+    ops may write a parameter's gradient in place, so the second gets a copy of its own."""
+    net = netrun.NetDef("n", [netrun.op("AddRelu", ["p", "q"], ["y"], same_shape=1),
+                              netrun.op("ReduceSum", ["y"], ["L"], keepdims=0)])
+    grads = netrun.add_gradient_ops(net, ["L"], params=["p", "q"])
+    assert grads["p"] != grads["q"]
+    p, q = np.array([1.0, -2.0, 0.5]), np.array([0.5, 1.0, -1.0])
+    out = run(net, {"p": p, "q": q}, [grads["p"], grads["q"]])
+    for name in ("p", "q"):
+        np.testing.assert_array_equal(out[grads[name]], (p + q > 0).astype(float))

@@ -190,6 +190,7 @@ def add_gradient_ops(net: NetDef, losses: Sequence[str], params: Iterable[str] |
         out_versions.append(outs)
     final = dict(version)
 
+    params = None if params is None else list(params)
     wanted = _blobs_reaching(forward, set(params)) if params is not None else None
 
     backward: list[OperatorDef] = []
@@ -230,7 +231,7 @@ def add_gradient_ops(net: NetDef, losses: Sequence[str], params: Iterable[str] |
         # One entry per distinct input blob: Mul(X, X) gives X one (already summed) gradient.
         contributions = {(fop.inputs[i], in_versions[k][i]): g
                          for i, g in sorted(input_grads.items()) if needed[i]}
-        # a blob standing for several inputs' gradients (GradientContext.same_as)
+        # a blob standing for several inputs' gradients (GradientContext.grad_is)
         shared = {g for g in contributions.values()
                   if list(contributions.values()).count(g) > 1}
         for key, g in contributions.items():
@@ -257,10 +258,19 @@ def add_gradient_ops(net: NetDef, losses: Sequence[str], params: Iterable[str] |
         raise GradientError("no gradient is registered for these ops on the path to the loss: "
                             + "; ".join(missing)
                             + ". Put a StopGradient before them or register a gradient maker.")
-    net.ops.extend(backward)
     result: dict[str, str] = {}
     for (blob, _v), g in grads.items():
         result.setdefault(blob, g)
+    # Update ops may write a parameter's gradient in place (momentum, weight decay): a
+    # parameter never shares its gradient blob with another's.
+    owned: set[str] = set()
+    for blob in params or ():
+        g = result.get(blob)
+        if g in aliased and g in owned:
+            result[blob] = fresh(grad_name(blob))
+            backward.append(make_op("Copy", [g], [result[blob]]))
+        owned.add(g)
+    net.ops.extend(backward)
     return {b: g for b, g in result.items() if b not in losses}
 
 
