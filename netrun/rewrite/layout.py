@@ -130,6 +130,7 @@ def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
     for o in ops:
         for name in o.outputs:
             writes[name] = writes.get(name, 0) + 1
+
     def conv_capable(o: OperatorDef) -> bool:
         return _conv_capable(o, ctx, block if training else 0)
 
