@@ -7,6 +7,7 @@ import numpy as np
 
 import netrun.kernels.jit as jit
 import netrun.kernels.jit.batch_norm as jit_bn
+import netrun.kernels.jit.batch_norm_blocked as jit_bnb
 from netrun.core.gradient import register_gradient
 from netrun.core.registry import register_kernel, register_preparer
 from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
@@ -28,11 +29,15 @@ def channel_axis(order: str, ndim: int) -> int:
     return 1 if order == "NCHW" else ndim - 1
 
 
+BLOCKED = Arg("blocked", "int", 0, allowed=(0, 8, 16),
+              doc="B > 0: X is channel-blocked, N×C/B×H×W×B (a training net's layout plan "
+                  "sets it; the blocked kernels are loaded at bind)")
+
 # SpatialBN -------------------------------------------------------------------------------
 _BN_ARGS = [Arg("is_test", "int", 0, allowed=(0, 1), doc="1: normalize with the running stats"),
             Arg("epsilon", "float", 1e-5, doc="added to the variance before the square root"),
             Arg("momentum", "float", 0.9, doc="running = momentum·running + (1−momentum)·batch"),
-            ORDER, SYNC]
+            ORDER, SYNC, BLOCKED]
 
 
 def _bn_check(op, args: Args) -> None:
@@ -56,9 +61,13 @@ def channels(shape, order: str) -> int:
     return shape[channel_axis(order, len(shape))]
 
 
-def _check_channels(what: str, x: TensorSpec, order: str, vectors, names) -> int:
+def _check_channels(what: str, x: TensorSpec, order: str, vectors, names,
+                    blocked: int = 0) -> int:
     if len(x.shape) < 2:
         raise ShapeError(f"{what}: X must be at least N×C, got X {x}")
+    if blocked and (len(x.shape) != 5 or x.shape[4] != blocked):
+        raise ShapeError(f"{what}: argument 'blocked' is {blocked} but X {x} is not in blocks "
+                         f"of {blocked} channels (N×C/B×H×W×B)")
     c = channels(x.shape, order)
     for name, v in zip(names, vectors):
         if tuple(v.shape) != (c,):
@@ -70,7 +79,7 @@ def _check_channels(what: str, x: TensorSpec, order: str, vectors, names) -> int
 def _bn_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
     x = ins[0]
     c = _check_channels("SpatialBN", x, args.order, ins[1:],
-                        ("scale", "bias", "running_mean", "running_var"))
+                        ("scale", "bias", "running_mean", "running_var"), args.blocked)
     if args.is_test:
         return [x]
     if x.size // max(c, 1) < 2:
@@ -169,7 +178,7 @@ def _vec(xp, v, dtype):
 def _bn_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
     x = ins[0]
     _check_channels("SpatialBNGradient", x, args.order, ins[1:4],
-                    ("scale", "mean", "inv_std" if not args.is_test else "var"))
+                    ("scale", "mean", "inv_std" if not args.is_test else "var"), args.blocked)
     if tuple(ins[4].shape) != tuple(x.shape):
         raise ShapeError(f"SpatialBNGradient: dY has shape {ins[4]} but X has shape {x}")
     return [x, ins[1], ins[1]]
@@ -178,7 +187,7 @@ def _bn_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
 register_schema(
     "SpatialBNGradient", inputs=5, outputs=3,
     input_names=("X", "scale", "saved_mean", "saved_inv_std", "dY"),
-    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER, SYNC],
+    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER, SYNC, BLOCKED],
     shape_fn=_bn_grad_shape, cost_fn=input_cost(8), family="norm",
     doc="dbias = Σ dY, dscale = Σ dY·x̂, dX = scale·inv_std·(dY − dbias/M − x̂·dscale/M) with "
         "x̂ = (X − μ)·inv_std. is_test=1: inputs 2 and 3 are running_mean and running_var, "
@@ -221,7 +230,7 @@ def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
 def _bn_grad_op(g, relu: bool):
     """SpatialBN(Relu)Gradient: X, scale, the statistics used (running ones in test mode),
     dY, and for the fused op its output Y (the ReLU's mask)."""
-    args = g.copy_args("is_test", "epsilon", "order", "sync")
+    args = g.copy_args("is_test", "epsilon", "order", "sync", "blocked")
     stats = [g.I(3), g.I(4)] if g.args.get("is_test", 0) else [g.O(3), g.O(4)]
     return [g.op("SpatialBNReluGradient" if relu else "SpatialBNGradient",
                  [g.I(0), g.I(1), *stats, g.GO(0), *([g.O(0)] if relu else [])],
@@ -255,7 +264,7 @@ def _bn_relu_grad_shape(args: Args, ins: list[TensorSpec]) -> list[TensorSpec]:
 register_schema(
     "SpatialBNReluGradient", inputs=6, outputs=3,
     input_names=("X", "scale", "saved_mean", "saved_inv_std", "dY", "Y"),
-    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER, SYNC],
+    output_names=("dX", "dscale", "dbias"), args=_BN_ARGS[:3] + [ORDER, SYNC, BLOCKED],
     shape_fn=_bn_relu_grad_shape, cost_fn=input_cost(10), family="norm",
     doc="SpatialBNGradient of dY·(Y > 0), Y being SpatialBNRelu's output (the ReLU's mask): "
         "the inputs of SpatialBNGradient, then Y; the same outputs.")
@@ -286,9 +295,11 @@ def _prepare(ctx) -> None:
     """Load the compiled float32 kernels at bind time (not in the first iteration), their
     team forms too where chunks run on the OpenMP team."""
     if jit.enabled(ctx.xp):
-        jit_bn.prepare("float32")
-        if omp.usable(ctx.xp):
-            jit_bn.prepare_team("float32")
+        kernels = (jit_bn, jit_bnb) if ctx.args.blocked else (jit_bn,)
+        for module in kernels:
+            module.prepare("float32")
+            if omp.usable(ctx.xp):
+                module.prepare_team("float32")
 
 
 # LRN -------------------------------------------------------------------------------------

@@ -198,7 +198,8 @@ def plan_layouts(ops: list[OperatorDef], keep: set[str], block: int,
             made = o.with_(inputs=(o.inputs[0], *map(nchw, o.inputs[1:])))
         elif normalizes(o) and o.inputs[0] in channels and _holds_one_value(i, o.outputs[0]):
             # Y blocked like X; the scale, bias and statistics are per-channel vectors
-            made = o.with_(inputs=(o.inputs[0], *map(nchw, o.inputs[1:])))
+            made = o.with_(inputs=(o.inputs[0], *map(nchw, o.inputs[1:])),
+                           args={**o.args, "blocked": block})
             channels[o.outputs[0]] = channels[o.inputs[0]]
             out.blocked.append(made.label)
         elif (_elementwise(o) and all(n in channels for n in o.inputs)

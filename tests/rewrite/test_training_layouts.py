@@ -117,6 +117,9 @@ def test_resnet20_training_step_has_no_reorder(repo=None):
                (f.made for f in done.fired if f.rule == "blocked_layout")}
     assert sum(o.type == "Conv" for o in done.net.ops) == 21
     assert len(blocked) >= 21 + 21 + 9    # every conv, BN and residual ReLU
+    # batch norm says so, so that its blocked kernels load at bind (not in the first step)
+    assert all(o.args.get("blocked") for o in done.net.ops
+               if o.type in ("SpatialBN", "SpatialBNRelu"))
     assert "blocked_layout" not in training_rewrite(model, "gpu").counts()
 
 
