@@ -19,6 +19,7 @@ netrun.kernels.jit.batch_norm_blocked, its per-channel vectors seen as (C/B, B).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -129,12 +130,12 @@ def _each_chunk(xp, shape3, kernel, team, *args) -> None:
 
 
 def _on_team(xp, shape3, team) -> tuple[int, np.ndarray] | None:
-    """(slots, starts) where a pass runs on the OpenMP team (netrun.kernels.omp.team), its
-    kernels (`team`'s module's) loaded."""
+    """(slots, starts) where a pass runs on the OpenMP team (netrun.kernels.omp.team), the
+    team forms of `team`'s module loaded (its `prepare_team`)."""
     outer, c, inner = shape3
     found = omp.team(xp, outer, outer * c * inner)
     if found is not None:
-        (jit_bnb if team.fn.__module__ == jit_bnb.__name__ else jit_bn).prepare_team()
+        sys.modules[team.fn.__module__].prepare_team()
     return found
 
 
