@@ -34,12 +34,26 @@ class _Bound:
         CALLS["closed"] = CALLS.get("closed", 0) + 1
 
 
+class _Check:
+    """CHECK["ok"]; `steady` (the part a whole net's pass checks) where CHECK["steady"]."""
+
+    def __init__(self):
+        self.steady = self._steady if CHECK.get("steady") else None
+
+    def _steady(self):
+        CALLS["steady"] = CALLS.get("steady", 0) + 1
+        return CHECK["ok"]
+
+    def __call__(self):
+        return CHECK["ok"]
+
+
 @register_kernel("TestRepeatable")
 def _repeatable(ctx, X, W):
     CALLS["kernel"] = CALLS.get("kernel", 0) + 1
     Y = ctx.output(0, X.shape, X.dtype)
     np.add(X, W, out=Y)
-    ctx.repeat_with(_Bound(X, W, Y), lambda: CHECK["ok"], unchanged=("W",))
+    ctx.repeat_with(_Bound(X, W, Y), _Check(), unchanged=(ctx.def_.inputs[1],))
     if ctx.args.fail:
         raise ValueError("after offering to repeat")
 
@@ -49,9 +63,17 @@ def _net(ws, **args):
                                                          **args)]))
 
 
+def _chain(ws, second_w="W"):
+    """Y = X + W, Z = Y + second_w: two repeating ops, the second reading the first's output."""
+    ws.create_net(netrun.NetDef(name="n", ops=[
+        netrun.op("TestRepeatable", ["X", "W"], ["Y"]),
+        netrun.op("TestRepeatable", ["Y", second_w], ["Z"])]))
+
+
 @pytest.fixture(autouse=True)
 def _clean():
     CALLS.clear()
+    CHECK.clear()
     CHECK["ok"] = True
 
 
@@ -340,8 +362,9 @@ def test_a_nets_repeating_convolutions_make_their_calls_together_with_the_same_b
         monkeypatch):
     """ResNet-20's predict net at batch 1, bound and planned: from the second run on, its
     convolutions hand their bound calls to the net, which makes consecutive ones in one loop
-    (Operator.deferred). The bits equal the op-by-op runs (a profiling hook makes the net run
-    each op itself), run after run, as the input changes in place."""
+    (Operator.deferred), and once every op repeated, the net checks and makes the whole pass
+    at once (netrun.core.bound_pass). The bits equal the op-by-op runs (a profiling hook
+    makes the net run each op itself), run after run, as the input changes in place."""
     from pathlib import Path
 
     from netrun.kernels.onednn import conv as engine
@@ -375,4 +398,90 @@ def test_a_nets_repeating_convolutions_make_their_calls_together_with_the_same_b
         if step:
             # all 21 convolutions repeat; a run of consecutive ones goes out as one batch
             assert sum(made) == 21 and len(made) < 21, made
+            # every op repeated: the whole pass is checked and made at once (BoundPass)
+            assert net._bound is not None
+    # another thread count: the convolutions' steady checks fail, the ops bind again
+    old = net._bound
+    monkeypatch.setenv("NETRUN_THREADS", "1")
+    net.run()
+    assert net._bound is None and np.array_equal(ws.fetch_blob(out), want)
+    for _ in range(2):
+        net.run()
+        assert np.array_equal(ws.fetch_blob(out), want)
+    assert net._bound is not None and net._bound is not old
     engine.runner.cache_clear()
+
+
+# A whole net's pass (netrun.core.bound_pass) ---------------------------------------------------
+def _chained_ws():
+    CHECK["steady"] = True
+    ws = netrun.Workspace()
+    ws.feed_blob("X", np.ones(4, np.float32))
+    ws.feed_blob("W", np.full(4, 2.0, np.float32))
+    _chain(ws)
+    return ws
+
+
+def test_a_run_in_which_every_op_repeated_becomes_the_nets_bound_pass():
+    ws = _chained_ws()
+    net = ws._nets["n"]
+    ws.run_net("n", iterations=2)                 # bound, then repeated op by op
+    assert net._bound is not None and CALLS["kernel"] == 2 and CALLS["bound"] == 2
+    assert "steady" not in CALLS                  # the op-by-op run checked each op itself
+    before = ws.version("Z")
+    for value in range(3):
+        ws.refill_blob("X", np.full(4, value, np.float32))   # same array: the pass holds
+        ws.run_net("n")
+        np.testing.assert_array_equal(ws.fetch_blob("Z"), np.full(4, value + 4.0))
+    assert CALLS["kernel"] == 2 and CALLS["bound"] == 2 + 2 * 3
+    assert CALLS["steady"] == 2 * 3               # each op's steady part, once a pass
+    assert ws.version("Z") == before + 3          # outputs counted as written
+
+
+@pytest.mark.parametrize("change", ["feed X", "touch W", "check", "replace Y"])
+def test_the_bound_pass_gives_way_when_something_an_op_checks_moved(change):
+    ws = _chained_ws()
+    net = ws._nets["n"]
+    ws.run_net("n", iterations=3)
+    assert net._bound is not None and CALLS["kernel"] == 2
+    if change == "feed X":
+        ws.feed_blob("X", np.full(4, 3.0, np.float32))
+    elif change == "touch W":
+        ws.get_blob("W")[...] = 4.0
+        ws.touch("W")
+    elif change == "check":
+        CHECK["ok"] = False
+    else:
+        ws._blobs["Y"] = np.zeros(4, np.float32)
+    ws.run_net("n")
+    assert net._bound is None
+    want = ws.fetch_blob("X") + 2 * ws.fetch_blob("W")
+    np.testing.assert_array_equal(ws.fetch_blob("Z"), want)
+    # the kernels that saw a change ran again (a new X leaves the second op its Y)
+    assert CALLS["kernel"] == {"feed X": 3, "touch W": 4, "check": 4, "replace Y": 4}[change]
+
+
+def test_no_bound_pass_where_an_op_must_check_itself_in_its_turn():
+    CHECK["steady"] = False    # a check with no net-level part (its own state moves each run)
+    ws = netrun.Workspace()
+    ws.feed_blob("X", np.ones(4, np.float32))
+    ws.feed_blob("W", np.full(4, 2.0, np.float32))
+    _chain(ws)
+    ws.run_net("n", iterations=3)
+    assert ws._nets["n"]._bound is None and CALLS["bound"] == 4
+
+
+def test_no_bound_pass_where_an_op_reads_a_kept_copy_of_a_blob_the_net_writes():
+    """Z = Y + Y with Y `unchanged` for the second op: written by the first op in the same
+    pass, it would fail the second op's check in its turn, which a check at the pass's
+    start cannot see."""
+    CHECK["steady"] = True
+    ws = netrun.Workspace()
+    ws.feed_blob("X", np.ones(4, np.float32))
+    ws.feed_blob("W", np.full(4, 2.0, np.float32))
+    ws.create_net(netrun.NetDef(name="n", ops=[
+        netrun.op("TestRepeatable", ["X", "W"], ["Y"]),
+        netrun.op("TestRepeatable", ["X", "Y"], ["Z"])]))
+    ws.run_net("n", iterations=3)
+    assert ws._nets["n"]._bound is None
+    np.testing.assert_array_equal(ws.fetch_blob("Z"), np.full(4, 4.0))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from netrun.core.activations import POISON
+from netrun.core.bound_pass import BoundPass
 from netrun.core.operator import Operator
 from netrun.errors import NetrunError, SchemaError, UnknownOpError
 from netrun.kernels import parallel
@@ -33,6 +34,8 @@ class SimpleNet:
             raise SchemaError(f"{where} has {len(problems)} invalid ops:\n  - "
                               + "\n  - ".join(problems))
         self.ops = ops
+        # The calls of the last run, where every op repeated its bound calls (core.bound_pass)
+        self._bound: BoundPass | None = None
 
     def run(self, hook: Callable[[int, Operator], None] | None = None) -> None:
         """Run every op once; `hook(i, op)`, if given, runs after each op (profiling)."""
@@ -55,14 +58,22 @@ class SimpleNet:
                 if hook is not None:
                     hook(i, o)
         elif hook is None:
+            bound = self._bound
+            if bound is not None:
+                if bound.holds(self.ws):
+                    bound.run(self.ws)
+                    return
+                self._bound = None
             # Ops repeating bound calls hand them over (Operator.deferred); consecutive ones
             # with the same runner go out in one native loop: at batch 1 the per-op Python
             # of a call made alone (~2 µs) is a twentieth of a small convolution. Their order
             # is the ops' order, and an op that runs itself waits for the calls before it.
-            runner, items = None, []
+            # A run in which every op repeated becomes the net's BoundPass for the next.
+            runner, items, trail, repeated = None, [], [], True
             for o in self.ops:
                 memory.begin_op(o)
                 item = o.deferred()
+                trail.append(item)
                 if item is not None and item[0] is runner:
                     items.append(item[1])
                     continue
@@ -72,9 +83,11 @@ class SimpleNet:
                 if item is not None:
                     runner, items = item[0], [item[1]]
                     continue
-                o.run()
+                repeated = o.run() and repeated
             if items:
                 runner(items)
+            if repeated:
+                self._bound = BoundPass.of(self.ops, trail)
         else:
             for i, o in enumerate(self.ops):
                 memory.begin_op(o)

@@ -145,16 +145,22 @@ class Operator:
         self._arena = arena
         self.poison = poison         # regions whose value dies here (debug mode)
 
-    def run(self) -> None:
+    @property
+    def repeat(self) -> "_Repeat | None":
+        """What the kernel's last run offered to repeat (OpContext.repeat_with), or None."""
+        return self._repeat
+
+    def run(self) -> bool:
         """Read the inputs from the workspace, run the kernel, store the outputs; or repeat
-        the calls the kernel bound last time, while they still compute this run."""
+        the calls the kernel bound last time, while they still compute this run. True: it
+        repeated them."""
         ws, def_ = self.ws, self.def_
         blobs = ws._blobs
         repeat = self._repeat
         if repeat is not None:
             if repeat.holds(blobs, ws._versions):
                 repeat.run(ws._versions)
-                return
+                return True
             self._drop_repeat()
         self.ctx._again = None
         try:
@@ -179,7 +185,7 @@ class Operator:
             else:   # outputs stored below are not the buffers the calls were bound to
                 again[0].close()
         if result is None:
-            return
+            return False
         if not isinstance(result, (tuple, list)):
             result = (result,)
         xp = ws.backend.xp
@@ -199,6 +205,7 @@ class Operator:
                 value = self._settle(i, value)
             blobs[name] = value
             ws.touch(name)
+        return False
 
     def deferred(self) -> tuple[Any, Any] | None:
         """This run as (runner, item) for the net to make later, where it repeats bound calls

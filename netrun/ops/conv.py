@@ -344,23 +344,41 @@ def _repeat(ctx, bound) -> None:
     kept copy of the filters, while W is not written; where they reorder W on every run,
     while W is written between runs (training): constant filters are better kept, a copy
     the kernel makes when it runs again."""
-    ws, w = ctx.ws, ctx.def_.inputs[1]
-    generation, threads, mark = ws.conv.generation, parallel.thread_count(), ctx.scratch_mark()
-    if mark is None:   # scratch outside a net's run: no promise that it stays
+    if ctx.scratch_mark() is None:   # scratch outside a net's run: no promise that it stays
         bound.close()
         return
-    last = [ws.version(w)]
+    ctx.repeat_with(bound, _Holds(ctx, bound.reorders_filters),
+                    unchanged=(ctx.def_.inputs[1],) if bound.reads_kept_filters else ())
 
-    def holds() -> bool:
-        if not (ws.conv.generation == generation and parallel.thread_count() == threads
-                and ctx.scratch_mark() == mark):
+
+class _Holds:
+    """A conv's check that its bound calls still compute its run (`_repeat`). `steady` is
+    the part a whole net's pass checks at once (netrun.core.bound_pass), None where the
+    check must run in the op's turn: the filters' write count, which the check moves."""
+
+    __slots__ = ("ctx", "generation", "threads", "mark", "last", "steady")
+
+    def __init__(self, ctx, reorders_filters: bool):
+        self.ctx = ctx
+        self.generation, self.threads = ctx.ws.conv.generation, parallel.thread_count()
+        self.mark = ctx.scratch_mark()
+        self.last = ctx.ws.version(ctx.def_.inputs[1])
+        self.steady = None if reorders_filters else self._steady
+
+    def _steady(self) -> bool:
+        """The conv settings and the thread count are the ones the calls were bound under."""
+        return (self.ctx.ws.conv.generation == self.generation
+                and parallel.thread_count() == self.threads)
+
+    def __call__(self) -> bool:
+        if not (self._steady() and self.ctx.scratch_mark() == self.mark):
             return False
-        if bound.reorders_filters:
-            version, before = ws.version(w), last[0]
-            last[0] = version
+        if self.steady is None:   # W reordered on every run: it must have been written
+            ws, w = self.ctx.ws, self.ctx.def_.inputs[1]
+            version, before = ws.version(w), self.last
+            self.last = version
             return version != before
         return True
-    ctx.repeat_with(bound, holds, unchanged=(w,) if bound.reads_kept_filters else ())
 
 
 def _forward(ctx, X, W, b, S=None) -> None:
