@@ -24,6 +24,8 @@ import operator
 from typing import Any, Callable
 
 _IS = operator.is_
+_REPEAT_OF = operator.attrgetter("repeat")
+_ROOM_OF = operator.attrgetter("scratch_room")
 
 
 class BoundPass:
@@ -66,8 +68,8 @@ class BoundPass:
         """Whether the calls still compute a run of the net (see the module doc)."""
         blobs, versions = ws._blobs, ws._versions
         return (all(map(_IS, map(blobs.get, self.names), self.arrays))
-                and all(map(_IS, map(_repeat_of, self.ops), self.repeats))
-                and all(map(_IS, map(_room_of, self.ops), self.rooms))
+                and all(map(_IS, map(_REPEAT_OF, self.ops), self.repeats))
+                and all(map(_IS, map(_ROOM_OF, self.ops), self.rooms))
                 and [versions.get(n, 0) for n in self.kept] == self.counts
                 and all(check() for check in self.steady))
 
@@ -81,14 +83,6 @@ class BoundPass:
         versions = ws._versions
         for name in self.outputs:
             versions[name] = versions.get(name, 0) + 1
-
-
-def _repeat_of(op: Any) -> Any:
-    return op.repeat
-
-
-def _room_of(op: Any) -> Any:
-    return op.scratch_room
 
 
 def _segments(ops: list, repeats: list, items: list) -> list[tuple[Callable, Any, Any]]:
