@@ -44,7 +44,7 @@ from netrun.kernels import relu as relu_kernels
 from netrun.kernels.geometry import ConvGeometry
 from netrun.kernels.jit import blocked as jit_blocked
 from netrun.kernels.jit import im2col as jit_im2col
-from netrun.kernels.onednn.conv import Layout
+from netrun.kernels.onednn.conv import NATIVE_BLOCKS, Layout
 from netrun.ops.common import conv_pool_args
 
 CONV_TYPES = ("Conv", "ConvGradient", "ConvTranspose", "ConvTransposeGradient")
@@ -130,7 +130,16 @@ def _unblocked_x(args: Args, x: TensorSpec, w: TensorSpec) -> TensorSpec:
     if -(-c // block) != blocks:
         raise ShapeError(f"W expects {c} channels but the blocked X {x} holds {blocks} "
                          f"blocks of {block}")
+    _check_block("X", block, c)
     return TensorSpec((n, c, h, wd), x.dtype)
+
+
+def _check_block(what: str, block: int, channels: int) -> None:
+    """A block of oneDNN's (8, 16), or one block of every channel (channels-last: NHWC)."""
+    if block not in NATIVE_BLOCKS and block != channels:
+        raise ShapeError(f"{what}'s channel block {block} is neither one of oneDNN's "
+                         f"({', '.join(map(str, NATIVE_BLOCKS))}) nor its {channels} channels "
+                         f"(channels-last, one block)")
 
 
 def _conv_problem(args: Args, ins: list[TensorSpec], transposed: bool,
@@ -181,6 +190,7 @@ def _conv_problem(args: Args, ins: list[TensorSpec], transposed: bool,
         if nhwc or g != 1:
             raise ShapeError(f"a channel-blocked Y needs order NCHW and group 1, got order "
                              f"{args.order}, group {g}")
+        _check_block("Y", block, m)
         return problem, (n, -(-m // block), oh, ow, block)
     return problem, _layout((n, m, oh, ow), nhwc)
 
@@ -228,9 +238,10 @@ def _make_gradient_cost_fn(transposed: bool):
 
 _RELU = Arg("relu", "int", 0, allowed=(0, 1),
             doc="1: Y = max(conv(X, W) + b, 0), fused into the algorithm where it can")
-_BLOCKED = Arg("blocked", "int", 0, allowed=(0, 8, 16),
+_BLOCKED = Arg("blocked", "int", 0,
                doc="B > 0: Y is channel-blocked, N×⌈M/B⌉×oH×oW×B (oneDNN's layout; set by "
-                   "the bind-time layout plan); a 5-D X is read as blocked too")
+                   "the bind-time layout plan): B is 8 or 16, or M for channels-last (one "
+                   "block of every channel: NHWC); a 5-D X is read as blocked too")
 
 
 def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:

@@ -110,8 +110,9 @@ def rewrite(net: NetDef, mode: str, keep: Iterable[str] = (),
                       lambda n: dtype_of(made.get(n, n)))
         planned = plan_layouts(ops, keep, block, ctx, training=mode == "training")
         ops = planned.ops
-        result.fired.extend(Fired("blocked_layout", (label,),
-                                  f"{label} on blocks of {block} channels")
+        result.fired.extend(Fired("blocked_layout", (label,), f"{label} channels-last"
+                                  if label in planned.channels_last
+                                  else f"{label} on blocks of {block} channels")
                             for label in planned.blocked)
         result.fired.extend(Fired("reorder", (), label) for label in planned.reorders)
     out.ops = ops

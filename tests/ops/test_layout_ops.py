@@ -81,19 +81,25 @@ CONV_CASES = [(1, 16, 16, 8, 3, 1, 1), (1, 3, 20, 9, 3, 2, 1), (6, 12, 24, 15, 3
 
 @needs_onednn
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "x".join(map(str, c)))
-@pytest.mark.parametrize("x_blocked,y_block", [(True, 0), (False, 8), (True, 8)],
-                         ids=["x_blocked", "y_blocked", "both_blocked"])
+@pytest.mark.parametrize("x_blocked,y_block", [
+    (True, 0), (False, 8), (True, 8), ("last", "last"), (True, "last"), ("last", 8),
+    (False, "last")], ids=["x_blocked", "y_blocked", "both_blocked", "channels_last",
+                           "blocked_to_last", "last_to_blocked", "nchw_to_last"])
 def test_blocked_conv_matches_the_nchw_conv(case, x_blocked, y_block):
     """Every combination of layouts, with bias, ReLU and a residual, computes the NCHW conv's
-    values (to float32 rounding: oneDNN sums in its own order)."""
+    values (to float32 rounding: oneDNN sums in its own order). "last": channels-last, one
+    block of every channel (NHWC's memory; oneDNN's BRGEMM kernels)."""
     rng = np.random.default_rng(sum(case))
     x, w, b, args = _conv_case(rng, *case)
+    if y_block == "last":
+        y_block = w.shape[0]
+    x_block = x.shape[1] if x_blocked == "last" else 8
     (y,) = run_op(netrun.op("Conv", ["X", "W", "b"], ["Y"], relu=1, **args),
                   {"X": x, "W": w, "b": b})
     s = rng.standard_normal(y.shape).astype(np.float32)
     (ys,) = run_op(netrun.op("Conv", ["X", "W", "b", "S"], ["Y"], relu=1, **args),
                    {"X": x, "W": w, "b": b, "S": s})
-    xin = blocked_reference(x, 8) if x_blocked else x
+    xin = blocked_reference(x, x_block) if x_blocked else x
     sin = blocked_reference(s, y_block) if y_block else s
     (got,) = run_op(netrun.op("Conv", ["X", "W", "b"], ["Y"], relu=1, blocked=y_block, **args),
                     {"X": xin, "W": w, "b": b})
@@ -119,6 +125,13 @@ def test_blocked_conv_shape_errors():
     with pytest.raises(ShapeError, match="group 1"):
         run_op(netrun.op("Conv", ["X", "W"], ["Y"], blocked=8, group=2, **args),
                {"X": np.zeros((1, 12, 6, 6), np.float32), "W": w[:, :6]})
+    # a block that is neither oneDNN's nor every channel (channels-last)
+    with pytest.raises(ShapeError, match="Y's channel block 4 is neither"):
+        run_op(netrun.op("Conv", ["X", "W"], ["Y"], blocked=4, **args),
+               {"X": np.zeros((1, 12, 6, 6), np.float32), "W": w})
+    with pytest.raises(ShapeError, match="X's channel block 12 is neither"):
+        run_op(netrun.op("Conv", ["X", "W"], ["Y"], **args),
+               {"X": np.zeros((1, 1, 6, 6, 12), np.float32), "W": w[:, :8]})
 
 
 @pytest.mark.parametrize("type_", ["MaxPool", "AveragePool"])

@@ -169,6 +169,66 @@ def test_rewrite_without_parameter_types_plans_nothing():
     assert typed.counts() == {"blocked_layout": 1}
 
 
+def _blocks_of(done) -> dict:
+    return {o.outputs[0]: o.args.get("blocked") for o in done.net.ops if o.type == "Conv"}
+
+
+def test_a_region_of_wide_3x3_convs_is_held_channels_last(monkeypatch):
+    """ResNet-20's stage 3 in small: a 3×3 stride-2 conv to 64 channels, a 3×3 conv, a 1×1
+    stride-2 projection that sums the 3×3's output (the fused block end), a 3×3 conv that
+    sums the projection, a global pooling and an FC. With AVX2's blocks of 8, the 64-channel
+    convs hold their outputs as one block of 64 (NHWC), the 16-channel conv before them in
+    blocks of 8; the result equals the unplanned net's."""
+    monkeypatch.setattr(apply, "layout_block", lambda backend="cpu": 8)
+    rng = np.random.default_rng(21)
+    blobs = {"X": rng.standard_normal((2, 8, 8, 8)).astype(np.float32),
+             **_weights(rng, {"W0": (16, 8, 3, 3), "W1": (64, 16, 3, 3), "W2": (64, 64, 3, 3),
+                              "Wp": (64, 16, 1, 1), "W3": (64, 64, 3, 3), "Wf": (5, 64)}),
+             "B": rng.standard_normal(64).astype(np.float32),
+             "bf": rng.standard_normal(5).astype(np.float32)}
+    net = NetDef("stage", [
+        _conv("X", "W0", "a", relu=1),
+        op("Conv", ["a", "W1", "B"], ["b"], kernel=3, pad=1, stride=2, relu=1),
+        op("Conv", ["b", "W2", "B"], ["c"], kernel=3, pad=1),
+        op("Conv", ["a", "Wp", "B", "c"], ["d"], kernel=1, stride=2, relu=1),
+        op("Conv", ["d", "W3", "B", "d"], ["e"], kernel=3, pad=1, relu=1),
+        op("AveragePool", ["e"], ["p"], global_pooling=1),
+        op("FC", ["p", "Wf", "bf"], ["y"])], list(blobs), ["y"])
+    done = _both(net, blobs, ["y"], monkeypatch)
+    assert _blocks_of(done) == {"a": 8, "b": 64, "c": 64, "d": 64, "e": 64}
+    assert "reorder" not in done.counts()   # the FC reads the pooled block of 64 as it is
+
+
+@pytest.mark.parametrize("reader", ["1x1", "concat"])
+def test_a_reader_outside_the_region_keeps_the_convs_in_blocks(monkeypatch, reader):
+    """ResNet-50's bottleneck: a 64-channel 3×3 conv read by a 1×1 stride-1 conv (faster in
+    blocks of 8), or by an op that only knows NCHW: no conv is held channels-last."""
+    monkeypatch.setattr(apply, "layout_block", lambda backend="cpu": 8)
+    rng = np.random.default_rng(22)
+    blobs = {"X": rng.standard_normal((1, 16, 6, 6)).astype(np.float32),
+             **_weights(rng, {"W1": (64, 16, 3, 3), "W2": (64, 64, 3, 3), "W3": (32, 64, 1, 1)})}
+    ops = [_conv("X", "W1", "a", relu=1), _conv("a", "W2", "b", relu=1)]
+    if reader == "1x1":
+        ops.append(op("Conv", ["b", "W3"], ["y"], kernel=1, no_bias=1))
+    else:
+        ops.append(op("Concat", ["b", "a"], ["y", "split"], axis=1))
+    net = NetDef("bottleneck", ops, list(blobs), ["y"])
+    done = _both(net, blobs, ["y"], monkeypatch)
+    assert set(_blocks_of(done).values()) <= {8, None}
+
+
+def test_no_channels_last_with_blocks_of_16():
+    """Channels-last was measured to win on AVX2 only (blocks of 8)."""
+    ops = [_conv("X", "W1", "a", relu=1), _conv("a", "W2", "b", relu=1),
+           op("AveragePool", ["b"], ["y"], global_pooling=1)]
+    net = NetDef("n", ops, ["X", "W1", "W2"], ["y"])
+    shapes = {"X": (1, 64, 8, 8), "W1": (64, 64, 3, 3), "W2": (64, 64, 3, 3)}
+    for block, want in ((8, 64), (16, 16)):
+        done = rewrite(net, "inference", shape_of=shapes.get, block=block,
+                       dtype_of=lambda n: "float32")
+        assert _blocks_of(done) == {"a": want, "b": want}
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_resnet20_predict_net(monkeypatch, batch):
     """The zoo's ResNet-20 (fused, then planned): blocked up to the pooled features, the
@@ -194,6 +254,11 @@ def test_resnet20_predict_net(monkeypatch, batch):
             pool = next(o for o in done.net.ops if o.type == "AveragePool")
             fc = next(o for o in done.net.ops if o.type == "FC")
             assert fc.inputs[0] == pool.outputs[0]
+            if apply.layout_block("cpu") == 8:   # stage 3 (64 channels) channels-last
+                blocks = _blocks_of(done)
+                assert {n: b for n, b in blocks.items() if n.startswith("s3")} == {
+                    n: 64 for n in blocks if n.startswith("s3")}
+                assert {b for n, b in blocks.items() if not n.startswith("s3")} == {8}
     scale = np.abs(outs[False]).max()
     np.testing.assert_allclose(outs[True], outs[False], rtol=1e-4, atol=1e-5 * scale)
 

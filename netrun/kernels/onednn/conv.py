@@ -72,10 +72,20 @@ class Layout:
 
 
 NCHW = Layout()
+# oneDNN's own channel blocks. A block of any other size holds every channel of its array
+# (netrun.rewrite.layout's channels-last values): one block is NHWC's memory, oneDNN's acdb.
+NATIVE_BLOCKS = (8, 16)
 
 
-def _tag(block: int, plain: str = "abcd") -> str:
-    return f"aBcd{block}b" if block else plain
+def channels_last(block: int, channels: int) -> bool:
+    """Whether `channels` in blocks of `block` are one block in NHWC's order (see above)."""
+    return block == channels and block not in NATIVE_BLOCKS
+
+
+def _tag(block: int, channels: int = 0, plain: str = "abcd") -> str:
+    if not block:
+        return plain
+    return "acdb" if channels_last(block, channels) else f"aBcd{block}b"
 
 
 class Direction:
@@ -239,9 +249,9 @@ def _buffer(scratch: Callable, key: str, nbytes: int, held: list) -> int:
 # Building -------------------------------------------------------------------------------------
 def _user_mds(lib: api.Library, s: ConvSpec, layout: Layout = NCHW) -> dict[str, MemoryDesc]:
     tag_w = "abcd" if s.groups == 1 else "abcde"
-    return {"src": MemoryDesc.tagged(lib, (s.n, s.c, s.h, s.w), _tag(layout.x_block)),
+    return {"src": MemoryDesc.tagged(lib, (s.n, s.c, s.h, s.w), _tag(layout.x_block, s.c)),
             "weights": MemoryDesc.tagged(lib, s.weight_shape, tag_w),
-            "dst": MemoryDesc.tagged(lib, (s.n, s.k, s.oh, s.ow), _tag(layout.y_block)),
+            "dst": MemoryDesc.tagged(lib, (s.n, s.k, s.oh, s.ow), _tag(layout.y_block, s.k)),
             "bias": MemoryDesc.tagged(lib, (s.k,), "a")}
 
 
@@ -268,7 +278,7 @@ def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bo
     attr = api.Attr(lib, relu=relu, add=add)
     pd = api.create_pd(
         lib, "dnnl_convolution_forward_primitive_desc_create", lib.engine,
-        lib.enums.prop[kind or _forward_kind(s)], lib.enums.alg["convolution_direct"],
+        lib.enums.prop[kind or _forward_kind(s, layout)], lib.enums.alg["convolution_direct"],
         mds["src"].handle, mds["weights"].handle, mds["bias"].handle if bias else None,
         mds["dst"].handle, *_geometry(s), attr.handle, what="convolution forward")
     return pd
@@ -280,16 +290,18 @@ def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bo
 BRGEMM_MIN_CHANNELS = 128
 
 
-def _forward_kind(s: ConvSpec) -> str:
+def _forward_kind(s: ConvSpec, layout: Layout = NCHW) -> str:
     """oneDNN's propagation kind of a forward pass. Built for inference, a kernel larger than
     1×1 runs on oneDNN's BRGEMM kernels, which on AVX2 ran ResNet-50's blocked 3×3 layers of
     256 and 512 channels 16-30% faster (the whole net 7% at batch 8) and the NCHW 3×3 stride-2
     layer of 128 channels at batch 32 (bench_cpu's shape c) 8-12% faster, but 64-channel
-    layers and ResNet-20's up to 10% slower, and 1×1 layers 2× slower. The forward pass
-    computes the same either way; a training net's backward primitives are built with a
-    forward_training hint of their own (`build`)."""
+    layers and ResNet-20's up to 10% slower, and 1×1 layers 2× slower: with the reorders into
+    the NHWC they run on. Where netrun holds the output channels-last (`channels_last`), every
+    layer runs them: a direct kernel would reorder instead. The forward pass computes the same
+    either way; a training net's backward primitives are built with a forward_training hint
+    of their own (`build`)."""
     wide = min(s.c, s.k) // s.groups >= BRGEMM_MIN_CHANNELS
-    inference = s.kh * s.kw > 1 and wide
+    inference = (s.kh * s.kw > 1 and wide) or channels_last(layout.y_block, s.k)
     return "forward_inference" if inference else "forward_training"
 
 
