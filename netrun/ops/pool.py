@@ -207,18 +207,20 @@ def _compiled(ctx, X=None) -> bool:
             and (X is None or X.dtype in jit_pool.DTYPES))
 
 
-def _in_planes(ctx, g: ConvGeometry, fn, *arrays) -> None:
+def _in_planes(ctx, g: ConvGeometry, fn, *arrays, passes: int = 0) -> None:
     """fn(*planes) over batch chunks on the worker threads, each array's chunk viewed as
-    C-contiguous planes (n·C, H, W): one compiled call per thread."""
+    C-contiguous planes (n·C, H, W): one compiled call per thread. `passes` over the
+    elements (0: one per window tap)."""
     arrays = tuple(np.ascontiguousarray(a) for a in arrays)
 
     def work(index, n0, n1):
         fn(*(a[n0:n1].reshape(-1, a.shape[2], a.shape[3]) for a in arrays))
 
     # a kernel touches each element once per tap: cifar10_quick's pool3 (0.4M elements, 9
-    # taps) is worth both threads, which plain element counts would not give it
+    # taps) is worth both threads, which plain element counts would not give it; LeNet's
+    # pool2 in one pass (0.26M elements, 0.06 ms) is not worth a worker's wake-up (~0.1 ms)
     parallel.chunks(ctx.xp, arrays[0].shape[0], work,
-                    work=sum(a.size for a in arrays) * g.kh * g.kw)
+                    work=sum(a.size for a in arrays) * (passes or g.kh * g.kw))
 
 
 def _window_args(g: ConvGeometry) -> tuple[int, ...]:
@@ -265,7 +267,9 @@ def max_pool(ctx, X):
     g, oh, ow, _ = pool_setup(ctx, X)
     Y = ctx.output(0, pooled_shape(ctx.args, X.shape, oh, ow), X.dtype)
     if _compiled(ctx, X):      # before tiled_pool: faster on LeNet's 2×2 s2 too (measured)
-        _in_planes(ctx, g, lambda x, y: jit_pool.max_forward(x, y, *_window_args(g)), X, Y)
+        one = jit_pool.disjoint_2x2(_window_args(g), X.shape[2:], Y.shape[2:])
+        _in_planes(ctx, g, lambda x, y: jit_pool.max_forward(x, y, *_window_args(g)), X, Y,
+                   passes=1 if one else 0)
         return
     if tiled_pool.applies(g, X.shape, oh, ow, ctx.args.order):   # LeNet's 2×2 s2
         _in_blocks(ctx, lambda s, x, y: tiled_pool.forward(ctx.xp, s, g, x, y), X, Y)

@@ -79,6 +79,30 @@ def test_many_planes_in_several_groups(kind, args):
     _assert_same(kind, *_both_engines(op, x, 0))
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 8, 6), (1, 4, 24, 24), (2, 2, 7, 9)],
+                         ids=["even", "lenet", "odd: the general kernel"])
+def test_the_2x2_kernel_gives_the_general_kernels_bits(shape, monkeypatch):
+    """LeNet's 2×2 stride-2 windows (max_2x2) against the separable kernel: ties, NaN and
+    -inf included; sizes that do not split into whole windows take the general kernel."""
+    x = _inputs(shape, "float32", "ints", 5, 1)
+    x.reshape(-1)[::7] = -np.inf
+    op = netrun.op("MaxPool", ["X"], ["Y"], kernel=2, stride=2)
+    used, real = [], jit_pool.max_2x2
+
+    def spy(*arrays):
+        used.append(1)
+        real(*arrays)
+    spy.prepare = real.prepare
+    monkeypatch.setattr(jit_pool, "max_2x2", spy)
+    (got,) = run_op(op, {"X": x})
+    planes = x.reshape(-1, shape[2], shape[3])
+    want = np.empty((planes.shape[0], got.shape[2], got.shape[3]), np.float32)
+    jit_pool.forward(planes, want, np.ones(want.shape[1:], np.float32), False, 2, 2, 2, 2,
+                     0, 0)
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
+    assert bool(used) == (shape[2] % 2 == 0 and shape[3] % 2 == 0)
+
+
 def _first_equal_reference(x, y, dy, k, s, pad):
     """dX by a loop: each dY at the first in-image tap (row-major) equal to Y, if any."""
     dx = np.zeros_like(x)

@@ -55,6 +55,8 @@ def prepare(op_type: str, dtype: str = "float32") -> None:
         "AveragePoolGradient": (avg_backward, [planes] * 2 + [divisor]),
     }[op_type]
     fn.prepare(f"void({', '.join(arrays)}, {ints})")
+    if op_type == "MaxPool":
+        max_2x2.prepare(f"void({planes}, {planes})")
 
 
 # Layout ------------------------------------------------------------------------------------
@@ -269,7 +271,33 @@ def _border_columns(ph, stride, rows, w, wm, kw, borders, out, codes, mode):
 # Kernels ------------------------------------------------------------------------------------
 def max_forward(x, y, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int) -> None:
     """y (P, oH, oW) = the maximum of each window of x (P, H, W); NaN propagates."""
+    if disjoint_2x2((kh, kw, sh, sw, pt, pl), x.shape[1:], y.shape[1:]):
+        max_2x2(x, y)
+        return
     forward(x, y, np.ones(y.shape[1:], x.dtype), False, kh, kw, sh, sw, pt, pl)
+
+
+def disjoint_2x2(window: tuple[int, ...], size: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether (kh, kw, sh, sw, pt, pl) cut planes of `size` (H, W) into `out` (oH, oW)
+    whole 2×2 windows, the case max pooling runs in one pass (`max_2x2`)."""
+    return (tuple(window) == (2, 2, 2, 2, 0, 0) and size[0] == 2 * out[0]
+            and size[1] == 2 * out[1])
+
+
+@kernel
+def max_2x2(x, y):
+    """y (P, oH, oW) = the maximum of each of x's (P, 2·oH, 2·oW) disjoint 2×2 windows; NaN
+    propagates. LeNet's pooling: one pass over x, where the separable passes of `forward`
+    copy and sweep it four times (its 64×50×8×8 pooling: 0.06 against 0.18 ms)."""
+    for p in range(U(y.shape[0])):
+        for i in range(U(y.shape[1])):
+            top, bottom, out = x[p, U(2) * i], x[p, U(2) * i + U(1)], y[p, i]
+            for j in range(U(y.shape[2])):
+                a, b = top[U(2) * j], top[U(2) * j + U(1)]
+                c, d = bottom[U(2) * j], bottom[U(2) * j + U(1)]
+                m = a if (a > b or a != a) else b
+                n = c if (c > d or c != c) else d
+                out[j] = m if (m > n or m != m) else n
 
 
 def avg_forward(x, y, divisor, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int) -> None:
