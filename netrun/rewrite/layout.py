@@ -153,10 +153,13 @@ def _channels_last(ops: list[OperatorDef], g: Graph, ctx: Context, candidate) ->
     while changed:   # a conv dropped can leave the convs that feed it a reader outside
         changed = False
         for i in sorted(chosen):
-            residual = g.producers.get((i, 3)) if len(ops[i].inputs) > 3 else None
+            # a residual is summed in the output's layout: an NCHW one (a net input, a
+            # value outside the region) would be reordered into blocks of 8
+            residual_ok = len(ops[i].inputs) <= 3 or (
+                g.producers.get((i, 3), (None,))[0] in chosen)
             readers_ok = all((j in chosen and slot in (0, 3)) or _global_pool(ops[j])
                              for j, slot in g.readers.get((i, 0), []))
-            if not readers_ok or (residual is not None and residual[0] not in chosen):
+            if not (readers_ok and residual_ok):
                 chosen.discard(i)
                 changed = True
     return chosen

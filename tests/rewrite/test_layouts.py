@@ -199,6 +199,22 @@ def test_a_region_of_wide_3x3_convs_is_held_channels_last(monkeypatch):
     assert "reorder" not in done.counts()   # the FC reads the pooled block of 64 as it is
 
 
+def test_a_wide_conv_summing_a_net_input_stays_in_blocks(monkeypatch):
+    """A residual S that no op of the net makes (an input, NCHW) is reordered into blocks of
+    8, so the conv that sums it keeps its output in blocks of 8 too."""
+    monkeypatch.setattr(apply, "layout_block", lambda backend="cpu": 8)
+    rng = np.random.default_rng(23)
+    blobs = {"X": rng.standard_normal((2, 64, 6, 6)).astype(np.float32),
+             **_weights(rng, {"W1": (64, 64, 3, 3), "W2": (64, 64, 3, 3)})}
+    net = NetDef("res", [_conv("X", "W1", "a", relu=1),
+                         op("Conv", ["a", "W2", "B", "X"], ["b"], kernel=3, pad=1, relu=1),
+                         op("AveragePool", ["b"], ["y"], global_pooling=1)],
+                 ["X", "W1", "W2", "B"], ["y"])
+    blobs["B"] = rng.standard_normal(64).astype(np.float32)
+    done = _both(net, blobs, ["y"], monkeypatch)
+    assert _blocks_of(done) == {"a": 8, "b": 8}
+
+
 @pytest.mark.parametrize("reader", ["1x1", "concat"])
 def test_a_reader_outside_the_region_keeps_the_convs_in_blocks(monkeypatch, reader):
     """ResNet-50's bottleneck: a 64-channel 3×3 conv read by a 1×1 stride-1 conv (faster in
