@@ -124,8 +124,15 @@ def _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu: bool) -> N
         bn.normalize(xp, X, a.order, None, _vec(xp, s, dt),
                      _vec(xp, bias - running_mean * s, dt), Y, relu)
         return
+    syncs = _syncs(ctx)
+    if not syncs and bn.train_forward(
+            xp, X, a.order, scale, bias, running_mean, running_var, a.momentum, a.epsilon, Y,
+            relu, ctx.output(1, running_mean.shape, running_mean.dtype),
+            ctx.output(2, running_var.shape, running_var.dtype),
+            ctx.output(3, (scale.size,), dt), ctx.output(4, (scale.size,), dt), ctx.scratch):
+        return   # blocked: the passes below and the terms between them in one call
     stats = bn.batch_stats(xp, X, a.order, ctx.scratch)
-    if _syncs(ctx):
+    if syncs:
         stats = _global_stats(ctx, stats)
     m = stats.m
     inv_std = 1.0 / xp.sqrt(stats.var + a.epsilon)
@@ -204,6 +211,11 @@ def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
     xp, a = ctx.xp, ctx.args
     dt = X.dtype
     m = X.size // scale.size
+    if not a.is_test and not _syncs(ctx) and bn.train_backward(
+            xp, X, a.order, scale, mean, inv_std, dY, Y, ctx.output(0, X.shape, dt),
+            ctx.output(1, scale.shape, scale.dtype), ctx.output(2, scale.shape, scale.dtype),
+            ctx.scratch):
+        return   # blocked: the passes below and the terms between them in one call
     if a.is_test:
         inv_std = 1.0 / xp.sqrt(inv_std.astype("float64") + a.epsilon)  # input 3 is the var
     mean = _vec(xp, mean, dt)

@@ -272,3 +272,44 @@ def test_relu_in_place_and_non_finite_values(engine):
         (dx,) = run_op(netrun.op("ReluGradient", ["Y", "dY"], ["dY"]), {"Y": x, "dY": dy})
     np.testing.assert_array_equal(y, np.maximum(x, 0))
     np.testing.assert_array_equal(dx, dy * (x > 0))
+
+
+@needs_numba
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("chunks", ["one", "several"])
+def test_blocked_training_passes_in_one_call_give_the_separate_passes_bits(relu, chunks,
+                                                                          monkeypatch):
+    """A blocked SpatialBN(Relu)'s training forward and gradient as one team call each
+    (statistics, per-channel terms, then Y or dX: netrun.kernels.batch_norm.train_forward)
+    compute every output the separate passes and NumPy terms do, bit for bit."""
+    if not omp.usable(np):
+        pytest.skip("Numba's OpenMP threading layer does not load here")
+    from netrun.kernels import batch_norm
+
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    monkeypatch.setattr(omp, "_SPIN", {"short": True})   # as in the team test above
+    if chunks == "several":
+        monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)
+        monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
+    rng = np.random.default_rng(9)
+    n, c, h, w, block = 12, 16, 5, 7, 8
+    inp = _inputs(rng, (n, c, h, w), "NCHW", np.float32, offset=3.0)
+    inp["X"] = np.ascontiguousarray(
+        inp["X"].reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
+    dy = rng.standard_normal(inp["X"].shape).astype(np.float32)
+    op = netrun.op("SpatialBNRelu" if relu else "SpatialBN", BN_IN, TRAIN_OUT, blocked=block,
+                   momentum=0.9)
+    whole, forward, backward = [], batch_norm.train_forward, batch_norm.train_backward
+    monkeypatch.setattr(batch_norm, "train_forward",
+                        lambda *a: whole.append(forward(*a)) or whole[-1])
+    monkeypatch.setattr(batch_norm, "train_backward",
+                        lambda *a: whole.append(backward(*a)) or whole[-1])
+    outs, grads = netrun_forward_backward(op, inp, dy)
+    assert whole == [True, True]
+    monkeypatch.setattr(batch_norm, "train_forward", lambda *a: False)
+    monkeypatch.setattr(batch_norm, "train_backward", lambda *a: False)
+    passes, pass_grads = netrun_forward_backward(op, inp, dy)
+    for name, a, b in zip(TRAIN_OUT, outs, passes):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    for name in ("X", "scale", "bias"):
+        np.testing.assert_array_equal(grads[name], pass_grads[name], err_msg=f"d{name}")

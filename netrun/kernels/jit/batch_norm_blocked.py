@@ -50,15 +50,25 @@ def prepare_team(dtype: str = "float32") -> None:
                                f"{sums4})")
     gradient_input_team.prepare(f"void({team}, {x4}, {v2}, {x4}, {x4}, boolean, {v2}, {v2}, "
                                 f"{v2}, boolean, {x4})")
+    f64 = "float64[:, ::1]"
+    forward_train.prepare(f"void({team}, {x4}, {f64}, {lanes4}, {sums4}, int64, float64, "
+                          f"float64, {v2}, {v2}, {v2}, {v2}, boolean, {x4}, {v2}, {v2}, {v2}, "
+                          f"{v2}, {v2}, {v2})")
+    backward_train.prepare(f"void({team}, {x4}, {v2}, {x4}, {x4}, boolean, {lanes4}, {sums4}, "
+                           f"int64, {v2}, {v2}, {v2}, {v2}, {v2}, {v2}, {v2}, {x4})")
 
 
 @kernel
 def _tile(v, cb, n, out):
-    """out[j] = v[cb, j % B] for j in 0:n: channel cb·B + b's value at every position of a
-    lane block, so the loops below read x and the vector side by side (and vectorize)."""
+    """out[p·B + b] = v[cb, b] for the n // B positions of a lane block: channel cb·B + b's
+    value at every position, so the loops below read x and the vector side by side (and
+    vectorize). n is the part the block's loops read (a lane block, or P·B when shorter):
+    three or four tiles per channel block made whole, with a division per value, cost more
+    than the pass itself on ResNet-20's 8×8 layers (60 against 8 µs for a copy)."""
     b_n = U(v.shape[1])
-    for j in range(U(n)):
-        out[j] = v[cb, j % b_n]
+    for p in range(U(n) // b_n):
+        for b in range(b_n):
+            out[p * b_n + b] = v[cb, b]
 
 
 @kernel
@@ -86,10 +96,11 @@ def stats(x, shift, lanes, sums):
     (C/B, B)."""
     o_n, cb_n, pb_n, b_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2]), U(shift.shape[1])
     step = U(LANE_BLOCK) * b_n
+    span = min(step, pb_n)
     tile = np.empty(step)
     sums[:] = 0.0
     for cb in range(cb_n):
-        _tile(shift, cb, step, tile)
+        _tile(shift, cb, span, tile)
         for j0 in range(U(0), pb_n, step):
             j1 = min(j0 + step, pb_n)
             _zero(lanes, j1 - j0)
@@ -107,12 +118,13 @@ def normalize(x, mean, k, bias, y, relu):
     (outer, C/B, P·B), the vectors (C/B, B)."""
     o_n, cb_n, pb_n, b_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2]), U(mean.shape[1])
     step = U(LANE_BLOCK) * b_n
+    span = min(step, pb_n)
     tm, tk, tb = np.empty(step, x.dtype), np.empty(step, x.dtype), np.empty(step, x.dtype)
     zero = x.dtype.type(0)
     for cb in range(cb_n):
-        _tile(mean, cb, step, tm)
-        _tile(k, cb, step, tk)
-        _tile(bias, cb, step, tb)
+        _tile(mean, cb, span, tm)
+        _tile(k, cb, span, tk)
+        _tile(bias, cb, span, tb)
         for o in range(o_n):
             for j0 in range(U(0), pb_n, step):
                 j1 = min(j0 + step, pb_n)
@@ -132,10 +144,11 @@ def gradient_sums(x, mean, dy, y, relu, lanes, sums):
     dy·(y > 0) if relu; lanes (2, LANE_BLOCK·B) float64 is scratch."""
     o_n, cb_n, pb_n, b_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2]), U(mean.shape[1])
     step = U(LANE_BLOCK) * b_n
+    span = min(step, pb_n)
     tile = np.empty(step, mean.dtype)
     sums[:] = 0.0
     for cb in range(cb_n):
-        _tile(mean, cb, step, tile)
+        _tile(mean, cb, span, tile)
         for j0 in range(U(0), pb_n, step):
             j1 = min(j0 + step, pb_n)
             _zero(lanes, j1 - j0)
@@ -161,14 +174,15 @@ def gradient_input(x, mean, dy, y, relu, a, b_, k, is_test, dx):
     gradient_sums (x's dtype)."""
     o_n, cb_n, pb_n, b_n = U(x.shape[0]), U(x.shape[1]), U(x.shape[2]), U(mean.shape[1])
     step = U(LANE_BLOCK) * b_n
+    span = min(step, pb_n)
     tm, ta = np.empty(step, x.dtype), np.empty(step, x.dtype)
     tb, tk = np.empty(step, x.dtype), np.empty(step, x.dtype)
     one, zero = x.dtype.type(1), x.dtype.type(0)
     for cb in range(cb_n):
-        _tile(mean, cb, step, tm)
-        _tile(a, cb, step, ta)
-        _tile(b_, cb, step, tb)
-        _tile(k, cb, step, tk)
+        _tile(mean, cb, span, tm)
+        _tile(a, cb, span, ta)
+        _tile(b_, cb, span, tb)
+        _tile(k, cb, span, tk)
         for o in range(o_n):
             for j0 in range(U(0), pb_n, step):
                 j1 = min(j0 + step, pb_n)
@@ -218,3 +232,104 @@ def gradient_input_team(slots, starts, x, mean, dy, y, relu, a_, b_, k, is_test,
         for c in range(w, starts.shape[0] - 1, slots):
             a, b = starts[c], starts[c + 1]
             gradient_input(x[a:b], mean, dy[a:b], y[a:b], relu, a_, b_, k, is_test, dx[a:b])
+
+
+# Whole training passes, one team call each: the statistics' pass, the per-channel terms
+# between (what netrun.ops.norm computes in NumPy, the same float64 operations in the same
+# order, so the same bits), then the normalizing pass. On ResNet-20's 8×8 and 16×16 layers
+# at batch 32, the per-pass Python and per-channel NumPy calls (~30 µs a pass and ~25 µs of
+# terms) cost more than the passes' arithmetic.
+@team_kernel
+def forward_train(slots, starts, x, shift, lanes, parts, m, eps, momentum, scale, bias,
+                  running_mean, running_var, relu, y, mean, k, new_mean, new_var, saved_mean,
+                  saved_inv_std):
+    """SpatialBN's training forward on chunks starts[c]:starts[c+1] of x (outer, C/B, P·B):
+    each chunk's sums into parts[c] (slot w's lanes), the terms (`_forward_terms`; new_mean
+    and new_var may be the running statistics themselves), then y = (x − mean)·k + bias
+    (max(·, 0) if relu). Vectors are (C/B, B); shift, mean and k are scratch."""
+    n_chunks = starts.shape[0] - 1
+    b_n = shift.shape[1]
+    for cb in range(shift.shape[0]):   # any value of each channel: its first (as batch_stats)
+        for b in range(b_n):
+            shift[cb, b] = np.float64(x[0, cb, b])
+    for w in jit.prange(slots):
+        for c in range(w, n_chunks, slots):
+            stats(x[starts[c]:starts[c + 1]], shift, lanes[w], parts[c])
+    _forward_terms(parts, shift, m, eps, momentum, scale, running_mean, running_var, mean, k,
+                   new_mean, new_var, saved_mean, saved_inv_std)
+    for w in jit.prange(slots):
+        for c in range(w, n_chunks, slots):
+            a, b = starts[c], starts[c + 1]
+            normalize(x[a:b], mean, k, bias, y[a:b], relu)
+
+
+@kernel
+def _forward_terms(parts, shift, m, eps, momentum, scale, running_mean, running_var, mean, k,
+                   new_mean, new_var, saved_mean, saved_inv_std):
+    """The chunks' sums added in chunk order, then per channel (as netrun.ops.norm does in
+    NumPy): μ, σ² (shifted, two terms), inv_std = 1/√(σ² + ε), k = scale·inv_std, and the
+    running statistics r ← momentum·r + (1 − momentum)·batch (σ² unbiased); momentum·r is
+    a product in r's dtype, as NumPy makes it with a Python float."""
+    n_chunks, cb_n, b_n = parts.shape[0], parts.shape[2], parts.shape[3]
+    mom = running_mean.dtype.type(momentum)
+    rest = 1.0 - momentum
+    unbias = m / (m - 1)
+    for cb in range(cb_n):
+        for b in range(b_n):
+            s0 = 0.0
+            s1 = 0.0
+            for c in range(n_chunks):
+                s0 += parts[c, 0, cb, b]
+                s1 += parts[c, 1, cb, b]
+            shifted = s0 / m
+            v = s1 / m - shifted * shifted
+            var = v if (v >= 0.0 or v != v) else 0.0   # np.maximum(v, 0): NaN stays
+            mu = shifted + shift[cb, b]
+            inv_std = 1.0 / np.sqrt(var + eps)
+            mean[cb, b] = mu
+            k[cb, b] = np.float64(scale[cb, b]) * inv_std
+            saved_mean[cb, b] = mu
+            saved_inv_std[cb, b] = inv_std
+            r_mean = np.float64(mom * running_mean[cb, b]) + rest * mu
+            r_var = np.float64(mom * running_var[cb, b]) + rest * var * unbias
+            new_mean[cb, b] = r_mean
+            new_var[cb, b] = r_var
+
+
+@team_kernel
+def backward_train(slots, starts, x, mean, dy, y, relu, lanes, parts, m, scale, inv_std,
+                   dscale, dbias, a_, b_, k, dx):
+    """SpatialBNGradient's training pass on chunks of x, dy (and y: the ReLU's mask if relu,
+    else dy again): each chunk's gradient sums into parts[c], the terms
+    (`_backward_terms`), then dx. Vectors are (C/B, B); a_, b_ and k are scratch."""
+    n_chunks = starts.shape[0] - 1
+    for w in jit.prange(slots):
+        for c in range(w, n_chunks, slots):
+            a, b = starts[c], starts[c + 1]
+            gradient_sums(x[a:b], mean, dy[a:b], y[a:b], relu, lanes[w], parts[c])
+    _backward_terms(parts, m, scale, inv_std, dscale, dbias, a_, b_, k)
+    for w in jit.prange(slots):
+        for c in range(w, n_chunks, slots):
+            a, b = starts[c], starts[c + 1]
+            gradient_input(x[a:b], mean, dy[a:b], y[a:b], relu, a_, b_, k, False, dx[a:b])
+
+
+@kernel
+def _backward_terms(parts, m, scale, inv_std, dscale, dbias, a_, b_, k):
+    """The chunks' sums added in chunk order, then per channel (as netrun.ops.norm does):
+    dbias = Σ g, dscale = Σ (x − μ)·g · inv_std, a = inv_std·dscale/M, b = dbias/M and
+    k = scale·inv_std (a product in the vectors' dtype)."""
+    n_chunks, cb_n, b_n = parts.shape[0], parts.shape[2], parts.shape[3]
+    for cb in range(cb_n):
+        for b in range(b_n):
+            s0 = 0.0
+            s1 = 0.0
+            for c in range(n_chunks):
+                s0 += parts[c, 0, cb, b]
+                s1 += parts[c, 1, cb, b]
+            ds = s1 * np.float64(inv_std[cb, b])
+            dscale[cb, b] = ds
+            dbias[cb, b] = s0
+            a_[cb, b] = np.float64(inv_std[cb, b]) * ds / m
+            b_[cb, b] = s0 / m
+            k[cb, b] = scale[cb, b] * inv_std[cb, b]
