@@ -99,6 +99,11 @@ def _chunked_sums(xp, shape3, scratch: Scratch, kernel, team, *args,
     lanes_shape = lanes_shape or (2, c, inner)
     sums_shape = sums_shape or (2, c)
     total = np.zeros(sums_shape)
+    if parallel.chunk_count(outer, outer * c * inner) == 1:   # as `_each_chunk`
+        sums = np.empty(sums_shape)
+        kernel(*args, scratch("bn.lanes", lanes_shape, "float64"), sums)
+        total += sums
+        return total
     on_team = _on_team(xp, shape3, team)
     if on_team is not None:
         slots, starts = on_team
@@ -126,6 +131,9 @@ def _each_chunk(xp, shape3, kernel, team, *args) -> None:
     """kernel(*args) on each fixed chunk of the outer axis, on the OpenMP team (`team`, the
     kernel's form over slots, where `_on_team`) or the worker threads."""
     outer, c, inner = shape3
+    if parallel.chunk_count(outer, outer * c * inner) == 1:
+        kernel(*args)   # the one chunk here, without a hand-off's Python (~30 µs a pass)
+        return
     on_team = _on_team(xp, shape3, team)
     if on_team is not None:
         omp.launch(team, *on_team, *args)

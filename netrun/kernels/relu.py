@@ -21,6 +21,9 @@ def _flat_chunks(xp: Any, kernel, team_kernel, *flat) -> None:
     """kernel over parallel.chunks' chunks of equal flat arrays, or team_kernel, its form
     over the same chunks, on the OpenMP team where it runs (omp.team)."""
     n = flat[0].size
+    if parallel.chunk_count(n, n) == 1:   # the one chunk here, without a hand-off's Python
+        kernel(*flat)
+        return
     team = omp.team(xp, n, n)
     if team is not None:
         jit_bn.prepare_team()

@@ -274,6 +274,21 @@ def test_relu_in_place_and_non_finite_values(engine):
     np.testing.assert_array_equal(dx, dy * (x > 0))
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("out", ["A", "B", "Y"])
+def test_add_relu_into_either_input_and_non_finite_values(engine, out):
+    # the compiled pass runs on the output array alone where it is an input (vectorized)
+    rng = np.random.default_rng(10)
+    a = np.concatenate([[-1.0, 0.0, -0.0, np.nan, np.inf, -np.inf, np.inf, 1e-30],
+                        rng.standard_normal(1000)]).astype(np.float32)
+    b = np.concatenate([[0.5, -0.0, 0.0, 1.0, -np.inf, 1.0, np.nan, -1e-30],
+                        rng.standard_normal(1000)]).astype(np.float32)
+    with _engine(engine):
+        (y,) = run_op(netrun.op("AddRelu", ["A", "B"], [out]), {"A": a, "B": b})
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(y, np.maximum(a + b, 0))
+
+
 @needs_numba
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("chunks", ["one", "several"])

@@ -232,9 +232,15 @@ def gradient_input(x, mean, dy, y, relu, a, b, k, is_test, dx):
                     dx[o, c, i] = ((g - (x[o, c, i] - m) * ac) - bc) * kc
 
 
+# Where the output is an input (ReLU in place, a residual sum into its input, a gradient into
+# dY), the loop runs on that one array: with two that overlap, LLVM's runtime alias check
+# picks its scalar loop, and a 2 MB in-place sum took 195 µs against 57.
 @kernel
 def relu(x, y):
     """y = max(x, 0) over flat arrays (NaN stays NaN); y may be x."""
+    if y.ctypes.data == x.ctypes.data:
+        _relu_into(x)
+        return
     zero = x.dtype.type(0)
     for i in range(U(x.shape[0])):
         v = x[i]
@@ -242,9 +248,24 @@ def relu(x, y):
 
 
 @kernel
+def _relu_into(x):
+    """x = max(x, 0)."""
+    zero = x.dtype.type(0)
+    for i in range(U(x.shape[0])):
+        v = x[i]
+        x[i] = v if not v <= zero else zero
+
+
+@kernel
 def add_relu(a, b, y):
     """y = max(a + b, 0) over flat arrays (the sum rounded as NumPy's; NaN stays NaN); y may
     be a or b."""
+    if y.ctypes.data == a.ctypes.data:
+        _add_relu_into(a, b)
+        return
+    if y.ctypes.data == b.ctypes.data:
+        _add_relu_into(b, a)   # b + a: the same sum (IEEE addition commutes)
+        return
     zero = a.dtype.type(0)
     for i in range(U(a.shape[0])):
         v = a[i] + b[i]
@@ -252,11 +273,31 @@ def add_relu(a, b, y):
 
 
 @kernel
+def _add_relu_into(a, b):
+    """a = max(a + b, 0)."""
+    zero = a.dtype.type(0)
+    for i in range(U(a.shape[0])):
+        v = a[i] + b[i]
+        a[i] = v if not v <= zero else zero
+
+
+@kernel
 def relu_gradient(y, dy, dx):
     """dx = dy·(y > 0) over flat arrays (NaN·0 stays NaN, as in NumPy); dx may be dy."""
+    if dx.ctypes.data == dy.ctypes.data:
+        _relu_gradient_into(y, dy)
+        return
     one, zero = dy.dtype.type(1), dy.dtype.type(0)
     for i in range(U(y.shape[0])):
         dx[i] = dy[i] * (one if y[i] > zero else zero)
+
+
+@kernel
+def _relu_gradient_into(y, dy):
+    """dy = dy·(y > 0)."""
+    one, zero = dy.dtype.type(1), dy.dtype.type(0)
+    for i in range(U(y.shape[0])):
+        dy[i] = dy[i] * (one if y[i] > zero else zero)
 
 
 # The same kernels over fixed chunks on the OpenMP team (netrun.kernels.omp): the loop's slot
