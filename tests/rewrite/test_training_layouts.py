@@ -61,7 +61,7 @@ def _residual_net(width: int) -> tuple[NetDef, dict]:
 PARAMS = ("W1", "W2", "Wfc", "bfc", "bn1_s", "bn1_b", "bn2_s", "bn2_b")
 
 
-def _gradients(net: NetDef, blobs: dict, block: int):
+def _gradients(net: NetDef, blobs: dict, block: int, params=PARAMS):
     """Every parameter's gradient after one training pass of `net` planned for `block`."""
     def spec(name, what):
         return getattr(blobs[name], what) if name in blobs else None
@@ -69,13 +69,13 @@ def _gradients(net: NetDef, blobs: dict, block: int):
     done = rewrite(net, "training", (), lambda n: spec(n, "shape"), True, block,
                    lambda n: None if n not in blobs else str(blobs[n].dtype))
     train = done.net.copy()
-    grads = add_gradient_ops(train, ["loss"], PARAMS)
+    grads = add_gradient_ops(train, ["loss"], params)
     ws = Workspace("cpu")
     for name, value in blobs.items():
         ws.feed_blob(name, value.copy())
     ws.create_net(train)
     ws.run_net(train.name)
-    return {p: ws.fetch_blob(grads[p]) for p in PARAMS}, ws.fetch_blob("loss"), done, train
+    return {p: ws.fetch_blob(grads[p]) for p in params}, ws.fetch_blob("loss"), done, train
 
 
 def test_a_residual_block_trains_blocked_with_the_same_gradients():
@@ -90,6 +90,53 @@ def test_a_residual_block_trains_blocked_with_the_same_gradients():
     assert all(o.args.get("blocked") == block for o in train.ops if o.type.startswith("Conv"))
     np.testing.assert_allclose(blocked_loss, loss, rtol=1e-5)
     for name in PARAMS:
+        scale = np.abs(want[name]).max()
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * scale,
+                                   err_msg=name)
+
+
+def _downsampling_net(width: int) -> tuple[NetDef, dict]:
+    """conv → BN → ReLU → (3×3 stride-2 conv → BN) + (1×1 stride-2 projection → BN) → ReLU
+    → global pooling → FC → loss: a residual net's downsampling block."""
+    rng = np.random.default_rng(1)
+    wide = 2 * width
+    blobs = {"X": rng.standard_normal((4, 3, 8, 8)).astype(np.float32),
+             "label": rng.integers(0, 5, size=(4,)).astype(np.int32),
+             "W1": (rng.standard_normal((width, 3, 3, 3)) / 5).astype(np.float32),
+             "W2": (rng.standard_normal((wide, width, 3, 3)) / 12).astype(np.float32),
+             "Wp": (rng.standard_normal((wide, width, 1, 1)) / 4).astype(np.float32),
+             "Wfc": (rng.standard_normal((5, wide)) / 4).astype(np.float32),
+             "bfc": np.zeros(5, np.float32)}
+    for name, c in (("bn1", width), ("bn2", wide), ("bnp", wide)):
+        blobs.update({f"{name}_s": (1 + rng.random(c) / 2).astype(np.float32),
+                      f"{name}_b": (rng.standard_normal(c) / 4).astype(np.float32),
+                      f"{name}_rm": np.zeros(c, np.float32),
+                      f"{name}_rv": np.ones(c, np.float32)})
+    net = NetDef("train", [
+        _conv("X", "W1", "c1"), _bn("c1", "bn1", "n1"), op("Relu", ["n1"], ["r1"]),
+        _conv("r1", "W2", "c2", stride=2), _bn("c2", "bn2", "n2"),
+        op("Conv", ["r1", "Wp"], ["cp"], kernel=1, stride=2, no_bias=1, algo="onednn"),
+        _bn("cp", "bnp", "np"), op("Add", ["n2", "np"], ["s"]),
+        op("Relu", ["s"], ["r2"]), op("AveragePool", ["r2"], ["p"], global_pooling=1),
+        op("FC", ["p", "Wfc", "bfc"], ["logits"]),
+        op("SoftmaxWithLoss", ["logits", "label"], ["prob", "loss"])],
+        list(blobs), ["loss"])
+    return net, blobs
+
+
+def test_a_downsampling_block_trains_blocked_with_the_same_gradients():
+    """Stride-2 layers' data gradients on blocked arrays run the blocked kernels, not
+    oneDNN's NHWC ones behind reorders (netrun.kernels.onednn.conv), with the NCHW net's
+    gradients."""
+    params = ("W1", "W2", "Wp", "Wfc", "bfc", "bn1_s", "bn1_b", "bn2_s", "bn2_b", "bnp_s",
+              "bnp_b")
+    block = apply.layout_block("cpu")
+    net, blobs = _downsampling_net(16)
+    want, loss, _, _ = _gradients(net, blobs, 0, params)
+    got, blocked_loss, done, train = _gradients(net, blobs, block, params)
+    assert all(o.args.get("blocked") == block for o in train.ops if o.type.startswith("Conv"))
+    np.testing.assert_allclose(blocked_loss, loss, rtol=1e-5)
+    for name in params:
         scale = np.abs(want[name]).max()
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * scale,
                                    err_msg=name)

@@ -326,33 +326,54 @@ def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
         if layout.add_dst:
             args["post_op0_src1"] = user["dst"]
         return Direction(lib, prim, args, count, (s.n, s.k, s.oh, s.ow))
-    mds = _any_mds(lib, s, plain)
-    attr = api.Attr(lib)
     try:
-        if direction == "backward_data":
-            pd = api.create_pd(
-                lib, "dnnl_convolution_backward_data_primitive_desc_create", lib.engine,
-                lib.enums.alg["convolution_direct"], mds["src"].handle,
-                mds["weights"].handle, mds["dst"].handle, *_geometry(s), hint, attr.handle,
-                what="convolution backward data")
-            if pd is None:
-                return None
-            prim = Primitive(lib, pd, "convolution backward data")
-            return Direction(lib, prim, {"diff_src": user["src"], "weights": user["weights"],
-                                         "diff_dst": user["dst"]}, count)
-        pd = api.create_pd(
-            lib, "dnnl_convolution_backward_weights_primitive_desc_create", lib.engine,
-            lib.enums.alg["convolution_direct"], mds["src"].handle, mds["weights"].handle,
-            mds["bias"].handle if bias else None, mds["dst"].handle, *_geometry(s), hint,
-            attr.handle, what="convolution backward weights")
-        if pd is None:
-            return None
-        prim = Primitive(lib, pd, "convolution backward weights")
-        return Direction(lib, prim, {"src": user["src"], "diff_weights": user["weights"],
-                                     "diff_dst": user["dst"], "diff_bias": user["bias"]},
-                         count)
+        # On netrun's blocked arrays, the kernels for those layouts first: with `any`,
+        # oneDNN 3.2 picks its NHWC BRGEMM kernels for strided data gradients and reorders
+        # in and out, which took ResNet-20's stride-2 layers 2-4x as long (1×1: 0.72 ms and
+        # two reorders against 0.23 ms at batch 32).
+        blocked = layout.x_block or layout.y_block
+        for mds in ([_blocked_mds(lib, s, plain, user)] if blocked else []) + \
+                [_any_mds(lib, s, plain)]:
+            made = _backward(lib, s, direction, bias, mds, hint, user, count)
+            if made is not None:
+                return made
+        return None
     finally:   # the backward descriptors keep their own copy of the hint
         lib.lib.dnnl_primitive_desc_destroy(hint)
+
+
+def _blocked_mds(lib: api.Library, s: ConvSpec, plain: bool,
+                 user: dict[str, MemoryDesc]) -> dict[str, MemoryDesc]:
+    """`_any_mds` with the data in netrun's own (blocked) layouts."""
+    return {**_any_mds(lib, s, plain), "src": user["src"], "dst": user["dst"]}
+
+
+def _backward(lib: api.Library, s: ConvSpec, direction: str, bias: bool,
+              mds: dict[str, MemoryDesc], hint, user: dict[str, MemoryDesc],
+              count: int) -> Direction | None:
+    """A backward direction built on these descriptors; None where oneDNN has no kernel."""
+    attr = api.Attr(lib)
+    if direction == "backward_data":
+        pd = api.create_pd(
+            lib, "dnnl_convolution_backward_data_primitive_desc_create", lib.engine,
+            lib.enums.alg["convolution_direct"], mds["src"].handle,
+            mds["weights"].handle, mds["dst"].handle, *_geometry(s), hint, attr.handle,
+            what="convolution backward data")
+        if pd is None:
+            return None
+        prim = Primitive(lib, pd, "convolution backward data")
+        return Direction(lib, prim, {"diff_src": user["src"], "weights": user["weights"],
+                                     "diff_dst": user["dst"]}, count)
+    pd = api.create_pd(
+        lib, "dnnl_convolution_backward_weights_primitive_desc_create", lib.engine,
+        lib.enums.alg["convolution_direct"], mds["src"].handle, mds["weights"].handle,
+        mds["bias"].handle if bias else None, mds["dst"].handle, *_geometry(s), hint,
+        attr.handle, what="convolution backward weights")
+    if pd is None:
+        return None
+    prim = Primitive(lib, pd, "convolution backward weights")
+    return Direction(lib, prim, {"src": user["src"], "diff_weights": user["weights"],
+                                 "diff_dst": user["dst"], "diff_bias": user["bias"]}, count)
 
 
 # The memo: compiled plans are immutable and thread-safe to execute, so one per key serves
