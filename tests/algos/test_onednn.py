@@ -570,3 +570,28 @@ def test_a_residual_is_summed_out_of_the_blocked_layout(batch, relu, compiled):
                       (1, 1), 1)
     ref = ref + b[None, :, None, None] + s
     _close(y, np.maximum(ref, 0) if relu else ref, "forward with a residual")
+
+
+@needs_onednn
+@pytest.mark.parametrize("direction", ["backward_data", "backward_weights"])
+@pytest.mark.parametrize("case", ["strided, blocked", "half-blocked"])
+def test_backward_passes_on_blocked_arrays_run_jit_kernels(direction, case):
+    """Gradients on the layout plan's blocked arrays: built for those layouts where a JIT
+    kernel takes them (a stride-2 1×1 layer: no NHWC kernel behind reorders), else as oneDNN
+    likes (a 20-channel NCHW input with a blocked output: its reference kernel takes the
+    layouts as they are, at seconds a call)."""
+    from netrun.kernels.onednn import conv as engine
+
+    block = engine.channel_block()
+    if case == "strided, blocked":
+        spec = engine.ConvSpec(32, 16, 32, 32, 32, 1, 1, 16, 16, (2, 2), (0, 0), (0, 0),
+                               (0, 0), 1)
+        layout = engine.Layout(block, block)
+    else:
+        spec = engine.ConvSpec(32, 20, 12, 12, 32, 3, 3, 10, 10, (1, 1), (0, 0), (0, 0),
+                               (0, 0), 1)
+        layout = engine.Layout(0, block)
+    d = engine.plan(spec, direction, 1, layout=layout)
+    assert d is not None and d.prim.impl.startswith(("jit", "brg")), d.prim.impl
+    if case == "strided, blocked" and direction == "backward_data":
+        assert not d.prim.impl.startswith("brgconv"), d.prim.impl   # its NHWC kernel
