@@ -269,17 +269,12 @@ def train_forward(xp, X, order: str, scale, bias, running_mean, running_var,
     False (nothing done) where it does not apply (`_whole_pass`)."""
     vectors = (scale, bias, running_mean, running_var, new_mean, new_var, saved_mean,
                saved_inv_std)
-    if not blocked(X, order) or not compiled(xp, X, Y, *vectors):
-        return False
-    shape4 = _view4(X)
-    outer, blocks, p, b = shape4
-    found = _whole_pass(xp, outer, outer * blocks * p * b)
+    found = _whole_pass(xp, X, order, (X, Y, *vectors), scratch)
     if found is None:
         return False
-    slots, starts = found
+    shape4, slots, starts, lanes, parts = found
+    outer, blocks, p, b = shape4
     x = np.ascontiguousarray(X).reshape(_flat(shape4))
-    lanes = scratch("bn.team_lanes", (slots, 2, jit_bnb.LANE_BLOCK * b), "float64")
-    parts = scratch("bn.team_sums", (starts.shape[0] - 1, 2, blocks, b), "float64")
     shift = scratch("bn.shift", (blocks, b), "float64")
     mean, k = (scratch(key, (blocks, b), X.dtype) for key in ("bn.mean", "bn.k"))
     pairs = [_pair(v, shape4) for v in vectors]
@@ -297,18 +292,13 @@ def train_backward(xp, X, order: str, scale, mean, inv_std, dY, Y, dX, dscale, d
     (nothing done) where it does not apply (`_whole_pass`)."""
     relu = Y is not None
     arrays = (X, scale, mean, inv_std, dY, dX, dscale, dbias, *([Y] if relu else []))
-    if not blocked(X, order) or not compiled(xp, *arrays):
-        return False
-    shape4 = _view4(X)
-    outer, blocks, p, b = shape4
-    found = _whole_pass(xp, outer, outer * blocks * p * b)
+    found = _whole_pass(xp, X, order, arrays, scratch)
     if found is None:
         return False
-    slots, starts = found
+    shape4, slots, starts, lanes, parts = found
+    outer, blocks, p, b = shape4
     x, dy = (np.ascontiguousarray(a).reshape(_flat(shape4)) for a in (X, dY))
     y = np.ascontiguousarray(Y).reshape(_flat(shape4)) if relu else dy
-    lanes = scratch("bn.team_lanes", (slots, 2, jit_bnb.LANE_BLOCK * b), "float64")
-    parts = scratch("bn.team_sums", (starts.shape[0] - 1, 2, blocks, b), "float64")
     terms = [scratch(key, (blocks, b), X.dtype) for key in ("bn.a", "bn.b", "bn.k")]
     omp.launch(jit_bnb.backward_train, slots, starts, x, _pair(mean, shape4), dy, y, relu,
                lanes, parts, outer * p, _pair(scale, shape4), _pair(inv_std, shape4),
@@ -317,18 +307,25 @@ def train_backward(xp, X, order: str, scale, mean, inv_std, dY, Y, dX, dscale, d
     return True
 
 
-def _whole_pass(xp, outer: int, work: int) -> tuple[int, np.ndarray] | None:
-    """(slots, starts) for a whole training pass in one team call: parallel.chunks' chunks
-    of the outer axis, on the team (one slot for one chunk). None where the OpenMP team is
-    not usable, or where several chunks would leave it spinning long (omp.team's rule)."""
-    if not omp.usable(xp):
+def _whole_pass(xp, X, order: str, arrays: tuple, scratch: Scratch) -> tuple | None:
+    """(shape4, slots, starts, lanes, parts) for a whole training pass over a blocked X in
+    one team call: parallel.chunks' chunks of the outer axis on the team (one slot for one
+    chunk), each slot's lanes and each chunk's sums from scratch. None where X is not
+    blocked, the compiled kernels do not take `arrays`, the OpenMP team is not usable, or
+    several chunks would leave it spinning long (omp.team's rule)."""
+    if not blocked(X, order) or not compiled(xp, *arrays) or not omp.usable(xp):
         return None
-    starts = omp.bounds(outer, work)
+    shape4 = _view4(X)
+    outer, blocks, p, b = shape4
+    starts = omp.bounds(outer, outer * blocks * p * b)
     chunks = starts.shape[0] - 1
     if chunks > 1 and not parallel.in_chunk() and not omp.short_spin():
         return None
     jit_bnb.prepare_team()
-    return omp.team_size(chunks), starts
+    slots = omp.team_size(chunks)
+    lanes = scratch("bn.team_lanes", (slots, 2, jit_bnb.LANE_BLOCK * b), "float64")
+    parts = scratch("bn.team_sums", (chunks, 2, blocks, b), "float64")
+    return shape4, slots, starts, lanes, parts
 
 
 def inference(xp, X, order: str, scale, bias, mean, var, epsilon: float, Y,

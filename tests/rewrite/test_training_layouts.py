@@ -34,6 +34,17 @@ def _bn(x, name, y):
               [y, f"{name}_rm", f"{name}_rv", f"{name}_sm", f"{name}_siv"], epsilon=1e-5)
 
 
+def _bn_blobs(rng, channels: dict[str, int]) -> dict:
+    """Scale, bias and running statistics of each batch norm `name` with its channels."""
+    blobs = {}
+    for name, c in channels.items():
+        blobs.update({f"{name}_s": (1 + rng.random(c) / 2).astype(np.float32),
+                      f"{name}_b": (rng.standard_normal(c) / 4).astype(np.float32),
+                      f"{name}_rm": np.zeros(c, np.float32),
+                      f"{name}_rv": np.ones(c, np.float32)})
+    return blobs
+
+
 def _residual_net(width: int) -> tuple[NetDef, dict]:
     """conv → BN → ReLU → conv → BN → + shortcut → ReLU → global pooling → FC → loss."""
     rng = np.random.default_rng(0)
@@ -43,11 +54,7 @@ def _residual_net(width: int) -> tuple[NetDef, dict]:
              "W2": (rng.standard_normal((width, width, 3, 3)) / 12).astype(np.float32),
              "Wfc": (rng.standard_normal((5, width)) / 4).astype(np.float32),
              "bfc": np.zeros(5, np.float32)}
-    for name in ("bn1", "bn2"):
-        blobs.update({f"{name}_s": (1 + rng.random(width) / 2).astype(np.float32),
-                      f"{name}_b": (rng.standard_normal(width) / 4).astype(np.float32),
-                      f"{name}_rm": np.zeros(width, np.float32),
-                      f"{name}_rv": np.ones(width, np.float32)})
+    blobs.update(_bn_blobs(rng, {"bn1": width, "bn2": width}))
     net = NetDef("train", [
         _conv("X", "W1", "c1"), _bn("c1", "bn1", "n1"), op("Relu", ["n1"], ["r1"]),
         _conv("r1", "W2", "c2"), _bn("c2", "bn2", "n2"), op("Add", ["n2", "r1"], ["s"]),
@@ -78,6 +85,15 @@ def _gradients(net: NetDef, blobs: dict, block: int, params=PARAMS):
     return {p: ws.fetch_blob(grads[p]) for p in params}, ws.fetch_blob("loss"), done, train
 
 
+def _same_gradients(got: dict, want: dict, got_loss, want_loss) -> None:
+    """The blocked run's loss and every gradient against the NCHW run's."""
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+    for name, value in want.items():
+        scale = np.abs(value).max()
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5 * scale,
+                                   err_msg=name)
+
+
 def test_a_residual_block_trains_blocked_with_the_same_gradients():
     block = apply.layout_block("cpu")
     net, blobs = _residual_net(16)
@@ -88,11 +104,7 @@ def test_a_residual_block_trains_blocked_with_the_same_gradients():
     assert "BlockedToNCHW" not in types and "NCHWToBlocked" not in types
     # the gradient ops read and write blocked arrays too: conv, BN and pooling gradients
     assert all(o.args.get("blocked") == block for o in train.ops if o.type.startswith("Conv"))
-    np.testing.assert_allclose(blocked_loss, loss, rtol=1e-5)
-    for name in PARAMS:
-        scale = np.abs(want[name]).max()
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * scale,
-                                   err_msg=name)
+    _same_gradients(got, want, blocked_loss, loss)
 
 
 def _downsampling_net(width: int) -> tuple[NetDef, dict]:
@@ -107,11 +119,7 @@ def _downsampling_net(width: int) -> tuple[NetDef, dict]:
              "Wp": (rng.standard_normal((wide, width, 1, 1)) / 4).astype(np.float32),
              "Wfc": (rng.standard_normal((5, wide)) / 4).astype(np.float32),
              "bfc": np.zeros(5, np.float32)}
-    for name, c in (("bn1", width), ("bn2", wide), ("bnp", wide)):
-        blobs.update({f"{name}_s": (1 + rng.random(c) / 2).astype(np.float32),
-                      f"{name}_b": (rng.standard_normal(c) / 4).astype(np.float32),
-                      f"{name}_rm": np.zeros(c, np.float32),
-                      f"{name}_rv": np.ones(c, np.float32)})
+    blobs.update(_bn_blobs(rng, {"bn1": width, "bn2": wide, "bnp": wide}))
     net = NetDef("train", [
         _conv("X", "W1", "c1"), _bn("c1", "bn1", "n1"), op("Relu", ["n1"], ["r1"]),
         _conv("r1", "W2", "c2", stride=2), _bn("c2", "bn2", "n2"),
@@ -135,11 +143,7 @@ def test_a_downsampling_block_trains_blocked_with_the_same_gradients():
     want, loss, _, _ = _gradients(net, blobs, 0, params)
     got, blocked_loss, done, train = _gradients(net, blobs, block, params)
     assert all(o.args.get("blocked") == block for o in train.ops if o.type.startswith("Conv"))
-    np.testing.assert_allclose(blocked_loss, loss, rtol=1e-5)
-    for name in params:
-        scale = np.abs(want[name]).max()
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * scale,
-                                   err_msg=name)
+    _same_gradients(got, want, blocked_loss, loss)
 
 
 def test_channels_that_do_not_fill_whole_blocks_stay_nchw():

@@ -264,23 +264,30 @@ def forward_train(slots, starts, x, shift, lanes, parts, m, eps, momentum, scale
 
 
 @kernel
+def _chunk_sums(parts, cb, b):
+    """Channel (cb, b)'s two sums over the chunks, added in chunk order from 0 (as the
+    callers of the separate passes add them)."""
+    s0 = 0.0
+    s1 = 0.0
+    for c in range(parts.shape[0]):
+        s0 += parts[c, 0, cb, b]
+        s1 += parts[c, 1, cb, b]
+    return s0, s1
+
+
+@kernel
 def _forward_terms(parts, shift, m, eps, momentum, scale, running_mean, running_var, mean, k,
                    new_mean, new_var, saved_mean, saved_inv_std):
     """The chunks' sums added in chunk order, then per channel (as netrun.ops.norm does in
     NumPy): μ, σ² (shifted, two terms), inv_std = 1/√(σ² + ε), k = scale·inv_std, and the
     running statistics r ← momentum·r + (1 − momentum)·batch (σ² unbiased); momentum·r is
     a product in r's dtype, as NumPy makes it with a Python float."""
-    n_chunks, cb_n, b_n = parts.shape[0], parts.shape[2], parts.shape[3]
     mom = running_mean.dtype.type(momentum)
     rest = 1.0 - momentum
     unbias = m / (m - 1)
-    for cb in range(cb_n):
-        for b in range(b_n):
-            s0 = 0.0
-            s1 = 0.0
-            for c in range(n_chunks):
-                s0 += parts[c, 0, cb, b]
-                s1 += parts[c, 1, cb, b]
+    for cb in range(parts.shape[2]):
+        for b in range(parts.shape[3]):
+            s0, s1 = _chunk_sums(parts, cb, b)
             shifted = s0 / m
             v = s1 / m - shifted * shifted
             var = v if (v >= 0.0 or v != v) else 0.0   # np.maximum(v, 0): NaN stays
@@ -319,14 +326,9 @@ def _backward_terms(parts, m, scale, inv_std, dscale, dbias, a_, b_, k):
     """The chunks' sums added in chunk order, then per channel (as netrun.ops.norm does):
     dbias = Σ g, dscale = Σ (x − μ)·g · inv_std, a = inv_std·dscale/M, b = dbias/M and
     k = scale·inv_std (a product in the vectors' dtype)."""
-    n_chunks, cb_n, b_n = parts.shape[0], parts.shape[2], parts.shape[3]
-    for cb in range(cb_n):
-        for b in range(b_n):
-            s0 = 0.0
-            s1 = 0.0
-            for c in range(n_chunks):
-                s0 += parts[c, 0, cb, b]
-                s1 += parts[c, 1, cb, b]
+    for cb in range(parts.shape[2]):
+        for b in range(parts.shape[3]):
+            s0, s1 = _chunk_sums(parts, cb, b)
             ds = s1 * np.float64(inv_std[cb, b])
             dscale[cb, b] = ds
             dbias[cb, b] = s0
