@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -262,49 +263,53 @@ def _blocked_normalize(xp, X, mean, k, bias, Y, relu: bool) -> None:
 
 def train_forward(xp, X, order: str, scale, bias, running_mean, running_var,
                   momentum: float, epsilon: float, Y, relu: bool, new_mean, new_var,
-                  saved_mean, saved_inv_std, scratch: Scratch) -> bool:
+                  saved_mean, saved_inv_std, scratch: Scratch) -> Callable[[], None] | None:
     """SpatialBN's whole training forward on a blocked X in one team call: the statistics,
     the per-channel terms, the running statistics (new_mean, new_var: may be the inputs
     themselves) and Y, with the bits of batch_stats, netrun.ops.norm's terms and normalize.
-    False (nothing done) where it does not apply (`_whole_pass`)."""
+    Returns that call, bound to these arrays and scratch, to make again; None (nothing done)
+    where it does not apply (`_whole_pass`)."""
     vectors = (scale, bias, running_mean, running_var, new_mean, new_var, saved_mean,
                saved_inv_std)
     found = _whole_pass(xp, X, order, (X, Y, *vectors), scratch)
     if found is None:
-        return False
+        return None
     shape4, slots, starts, lanes, parts = found
     outer, blocks, p, b = shape4
     x = np.ascontiguousarray(X).reshape(_flat(shape4))
     shift = scratch("bn.shift", (blocks, b), "float64")
     mean, k = (scratch(key, (blocks, b), X.dtype) for key in ("bn.mean", "bn.k"))
     pairs = [_pair(v, shape4) for v in vectors]
-    omp.launch(jit_bnb.forward_train, slots, starts, x, shift, lanes, parts, outer * p,
-               float(epsilon), float(momentum), *pairs[:4], bool(relu),
-               Y.reshape(_flat(shape4)), mean, k, *pairs[4:])
-    return True
+    call = partial(omp.launch, jit_bnb.forward_train, slots, starts, x, shift, lanes, parts,
+                   outer * p, float(epsilon), float(momentum), *pairs[:4], bool(relu),
+                   Y.reshape(_flat(shape4)), mean, k, *pairs[4:])
+    call()
+    return call
 
 
 def train_backward(xp, X, order: str, scale, mean, inv_std, dY, Y, dX, dscale, dbias,
-                   scratch: Scratch) -> bool:
+                   scratch: Scratch) -> Callable[[], None] | None:
     """SpatialBNGradient's whole training pass on a blocked X in one team call (Y: the
     ReLU's output, whose mask applies to dY, or None): the gradient sums, dscale, dbias and
-    dX, with the bits of gradient_sums, netrun.ops.norm's terms and gradient_input. False
-    (nothing done) where it does not apply (`_whole_pass`)."""
+    dX, with the bits of gradient_sums, netrun.ops.norm's terms and gradient_input. Returns
+    that call, bound to these arrays and scratch, to make again; None (nothing done) where
+    it does not apply (`_whole_pass`)."""
     relu = Y is not None
     arrays = (X, scale, mean, inv_std, dY, dX, dscale, dbias, *([Y] if relu else []))
     found = _whole_pass(xp, X, order, arrays, scratch)
     if found is None:
-        return False
+        return None
     shape4, slots, starts, lanes, parts = found
     outer, blocks, p, b = shape4
     x, dy = (np.ascontiguousarray(a).reshape(_flat(shape4)) for a in (X, dY))
     y = np.ascontiguousarray(Y).reshape(_flat(shape4)) if relu else dy
     terms = [scratch(key, (blocks, b), X.dtype) for key in ("bn.a", "bn.b", "bn.k")]
-    omp.launch(jit_bnb.backward_train, slots, starts, x, _pair(mean, shape4), dy, y, relu,
-               lanes, parts, outer * p, _pair(scale, shape4), _pair(inv_std, shape4),
-               _pair(dscale, shape4), _pair(dbias, shape4), *terms,
-               dX.reshape(_flat(shape4)))
-    return True
+    call = partial(omp.launch, jit_bnb.backward_train, slots, starts, x, _pair(mean, shape4),
+                   dy, y, relu, lanes, parts, outer * p, _pair(scale, shape4),
+                   _pair(inv_std, shape4), _pair(dscale, shape4), _pair(dbias, shape4),
+                   *terms, dX.reshape(_flat(shape4)))
+    call()
+    return call
 
 
 def _whole_pass(xp, X, order: str, arrays: tuple, scratch: Scratch) -> tuple | None:

@@ -5,6 +5,7 @@ from typing import Sequence
 
 from netrun.core.schema import Arg, Args, Cost, TensorSpec
 from netrun.errors import ShapeError
+from netrun.kernels import parallel
 from netrun.kernels.geometry import LEGACY_PADS
 
 
@@ -46,6 +47,32 @@ class RepeatCall:
 
     def close(self) -> None:
         """Nothing to release: the call holds only views of the op's arrays."""
+
+
+class ScratchHolds:
+    """A RepeatCall's check for a call bound to the op's scratch and cut for netrun's thread
+    count (a team call): both as they were when it was bound. `steady` is the part a whole
+    net's pass checks at once (netrun.core.bound_pass: no op carves scratch there)."""
+
+    __slots__ = ("ctx", "threads", "mark")
+
+    def __init__(self, ctx):
+        self.ctx, self.threads, self.mark = ctx, parallel.thread_count(), ctx.scratch_mark()
+
+    def steady(self) -> bool:
+        """The thread count is the one the call was cut for."""
+        return parallel.thread_count() == self.threads and not parallel.in_chunk()
+
+    def __call__(self) -> bool:
+        return self.steady() and self.ctx.scratch_mark() == self.mark
+
+
+def repeat_team_call(ctx, call) -> None:
+    """The op's next runs are `call()` alone (OpContext.repeat_with) while its arrays, its
+    scratch regions and the thread count stay; outside a net's run (no scratch promise)
+    they run the kernel again."""
+    if ctx.scratch_mark() is not None:
+        ctx.repeat_with(RepeatCall(call), ScratchHolds(ctx))
 
 
 def fmt(shape: Sequence[int]) -> str:

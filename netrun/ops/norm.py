@@ -14,7 +14,7 @@ from netrun.core.schema import Arg, Args, Cost, TensorSpec, register_schema
 from netrun.errors import SchemaError, ShapeError
 from netrun.kernels import batch_norm as bn
 from netrun.kernels import omp
-from netrun.ops.common import input_cost, same_as_input
+from netrun.ops.common import input_cost, repeat_team_call, same_as_input
 from netrun.proto.defs import NetDef
 
 ORDER = Arg("order", "str", "NCHW", allowed=("NCHW", "NHWC"), doc="layout of X")
@@ -125,12 +125,14 @@ def _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu: bool) -> N
                      _vec(xp, bias - running_mean * s, dt), Y, relu)
         return
     syncs = _syncs(ctx)
-    if not syncs and bn.train_forward(
-            xp, X, a.order, scale, bias, running_mean, running_var, a.momentum, a.epsilon, Y,
-            relu, ctx.output(1, running_mean.shape, running_mean.dtype),
-            ctx.output(2, running_var.shape, running_var.dtype),
-            ctx.output(3, (scale.size,), dt), ctx.output(4, (scale.size,), dt), ctx.scratch):
-        return   # blocked: the passes below and the terms between them in one call
+    call = None if syncs else bn.train_forward(
+        xp, X, a.order, scale, bias, running_mean, running_var, a.momentum, a.epsilon, Y,
+        relu, ctx.output(1, running_mean.shape, running_mean.dtype),
+        ctx.output(2, running_var.shape, running_var.dtype),
+        ctx.output(3, (scale.size,), dt), ctx.output(4, (scale.size,), dt), ctx.scratch)
+    if call is not None:   # blocked: the passes below and the terms between them in one call
+        repeat_team_call(ctx, call)
+        return
     stats = bn.batch_stats(xp, X, a.order, ctx.scratch)
     if syncs:
         stats = _global_stats(ctx, stats)
@@ -211,11 +213,13 @@ def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
     xp, a = ctx.xp, ctx.args
     dt = X.dtype
     m = X.size // scale.size
-    if not a.is_test and not _syncs(ctx) and bn.train_backward(
-            xp, X, a.order, scale, mean, inv_std, dY, Y, ctx.output(0, X.shape, dt),
-            ctx.output(1, scale.shape, scale.dtype), ctx.output(2, scale.shape, scale.dtype),
-            ctx.scratch):
-        return   # blocked: the passes below and the terms between them in one call
+    call = None if a.is_test or _syncs(ctx) else bn.train_backward(
+        xp, X, a.order, scale, mean, inv_std, dY, Y, ctx.output(0, X.shape, dt),
+        ctx.output(1, scale.shape, scale.dtype), ctx.output(2, scale.shape, scale.dtype),
+        ctx.scratch)
+    if call is not None:   # blocked: the passes below and the terms between them in one call
+        repeat_team_call(ctx, call)
+        return
     if a.is_test:
         inv_std = 1.0 / xp.sqrt(inv_std.astype("float64") + a.epsilon)  # input 3 is the var
     mean = _vec(xp, mean, dt)

@@ -320,11 +320,66 @@ def test_blocked_training_passes_in_one_call_give_the_separate_passes_bits(relu,
     monkeypatch.setattr(batch_norm, "train_backward",
                         lambda *a: whole.append(backward(*a)) or whole[-1])
     outs, grads = netrun_forward_backward(op, inp, dy)
-    assert whole == [True, True]
-    monkeypatch.setattr(batch_norm, "train_forward", lambda *a: False)
-    monkeypatch.setattr(batch_norm, "train_backward", lambda *a: False)
+    assert len(whole) == 2 and all(callable(call) for call in whole)
+    monkeypatch.setattr(batch_norm, "train_forward", lambda *a: None)
+    monkeypatch.setattr(batch_norm, "train_backward", lambda *a: None)
     passes, pass_grads = netrun_forward_backward(op, inp, dy)
     for name, a, b in zip(TRAIN_OUT, outs, passes):
         np.testing.assert_array_equal(a, b, err_msg=name)
     for name in ("X", "scale", "bias"):
         np.testing.assert_array_equal(grads[name], pass_grads[name], err_msg=f"d{name}")
+
+
+@needs_numba
+def test_blocked_training_passes_repeat_their_team_call_with_the_same_bits(monkeypatch):
+    """In a net, a blocked SpatialBNRelu and its gradient repeat their one team call
+    (netrun.ops.common.repeat_team_call) while their arrays stay: step after step, with X
+    and dY changed in place, the bits of running the kernels each time; a new X binds again."""
+    if not omp.usable(np):
+        pytest.skip("Numba's OpenMP threading layer does not load here")
+    from netrun.ops import norm
+
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    monkeypatch.setattr(omp, "_SPIN", {"short": True})
+    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)      # several chunks
+    monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
+    rng = np.random.default_rng(11)
+    n, c, h, w, block = 8, 16, 4, 5, 8
+    inp = _inputs(rng, (n, c, h, w), "NCHW", np.float32, offset=2.0)
+    inp["X"] = np.ascontiguousarray(
+        inp["X"].reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
+    dy = rng.standard_normal(inp["X"].shape).astype(np.float32)
+    op = netrun.op("SpatialBNRelu", BN_IN, TRAIN_OUT, blocked=block, momentum=0.9)
+    grads = netrun.gradient_ops(op)[0]
+    names = ["Y", "rm", "rv", "saved_mean", "saved_inv_std", "X_grad", "scale_grad",
+             "bias_grad"]
+
+    def run(repeat: bool) -> tuple[list, list]:
+        if not repeat:
+            monkeypatch.setattr(norm, "repeat_team_call", lambda ctx, call: None)
+        ws = netrun.Workspace(memory_plan=True)
+        for name, value in {**inp, "Y_grad": dy}.items():
+            ws.feed_blob(name, value.copy())
+        ws.create_net(netrun.NetDef(name="step", ops=[op, *grads]))
+        out, repeats = [], []
+        for step in range(6):
+            if step == 2:    # new values in place
+                ws.get_blob("X")[...] *= 0.5
+                ws.get_blob("Y_grad")[...] *= -1
+            if step == 4:    # a new array: the calls bind again
+                ws.feed_blob("X", inp["X"][::-1].copy())
+            ws.run_net("step")
+            out.append([ws.fetch_blob(name).copy() for name in names])
+            repeats.append([o._repeat for o in ws._nets["step"].ops])
+        return out, repeats
+
+    repeated, repeats = run(True)
+    kept = [r[0] for r in repeats]
+    assert all(r is not None for step in repeats for r in step)
+    assert kept[1] is kept[0] and kept[3] is kept[0] and kept[4] is not kept[0]
+    plain, never = run(False)
+    assert not any(r for step in never for r in step)
+    for i, (a, b) in enumerate(zip(repeated, plain)):
+        for name, u, v in zip(names, a, b):
+            np.testing.assert_array_equal(u, v, err_msg=f"step {i} {name}")
+    assert not np.array_equal(repeated[1][0], repeated[2][0])   # they read the new values
