@@ -289,6 +289,21 @@ def test_add_relu_into_either_input_and_non_finite_values(engine, out):
         np.testing.assert_array_equal(y, np.maximum(a + b, 0))
 
 
+def _blocked_team_case(monkeypatch, several: bool, seed: int, shape) -> tuple:
+    """(inputs with X blocked in 8s, dY, 8), the passes on a team of 2 (with its short spin,
+    as in the team test above) in several chunks when `several`."""
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    monkeypatch.setattr(omp, "_SPIN", {"short": True})
+    if several:
+        monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)
+        monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
+    n, c, h, w = shape
+    rng = np.random.default_rng(seed)
+    inp = _inputs(rng, shape, "NCHW", np.float32, offset=2.0)
+    inp["X"] = np.ascontiguousarray(inp["X"].reshape(n, c // 8, 8, h, w).transpose(0, 1, 3, 4, 2))
+    return inp, rng.standard_normal(inp["X"].shape).astype(np.float32), 8
+
+
 @needs_numba
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("chunks", ["one", "several"])
@@ -301,17 +316,7 @@ def test_blocked_training_passes_in_one_call_give_the_separate_passes_bits(relu,
         pytest.skip("Numba's OpenMP threading layer does not load here")
     from netrun.kernels import batch_norm
 
-    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
-    monkeypatch.setattr(omp, "_SPIN", {"short": True})   # as in the team test above
-    if chunks == "several":
-        monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)
-        monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
-    rng = np.random.default_rng(9)
-    n, c, h, w, block = 12, 16, 5, 7, 8
-    inp = _inputs(rng, (n, c, h, w), "NCHW", np.float32, offset=3.0)
-    inp["X"] = np.ascontiguousarray(
-        inp["X"].reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
-    dy = rng.standard_normal(inp["X"].shape).astype(np.float32)
+    inp, dy, block = _blocked_team_case(monkeypatch, chunks == "several", 9, (12, 16, 5, 7))
     op = netrun.op("SpatialBNRelu" if relu else "SpatialBN", BN_IN, TRAIN_OUT, blocked=block,
                    momentum=0.9)
     whole, forward, backward = [], batch_norm.train_forward, batch_norm.train_backward
@@ -339,16 +344,7 @@ def test_blocked_training_passes_repeat_their_team_call_with_the_same_bits(monke
         pytest.skip("Numba's OpenMP threading layer does not load here")
     from netrun.ops import norm
 
-    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
-    monkeypatch.setattr(omp, "_SPIN", {"short": True})
-    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)      # several chunks
-    monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
-    rng = np.random.default_rng(11)
-    n, c, h, w, block = 8, 16, 4, 5, 8
-    inp = _inputs(rng, (n, c, h, w), "NCHW", np.float32, offset=2.0)
-    inp["X"] = np.ascontiguousarray(
-        inp["X"].reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
-    dy = rng.standard_normal(inp["X"].shape).astype(np.float32)
+    inp, dy, block = _blocked_team_case(monkeypatch, True, 11, (8, 16, 4, 5))
     op = netrun.op("SpatialBNRelu", BN_IN, TRAIN_OUT, blocked=block, momentum=0.9)
     grads = netrun.gradient_ops(op)[0]
     names = ["Y", "rm", "rv", "saved_mean", "saved_inv_std", "X_grad", "scale_grad",
