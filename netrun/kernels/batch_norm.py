@@ -101,9 +101,8 @@ def _chunked_sums(xp, shape3, scratch: Scratch, kernel, team, *args,
     sums_shape = sums_shape or (2, c)
     total = np.zeros(sums_shape)
     if parallel.chunk_count(outer, outer * c * inner) == 1:   # as `_each_chunk`
-        sums = np.empty(sums_shape)
-        kernel(*args, scratch("bn.lanes", lanes_shape, "float64"), sums)
-        total += sums
+        # written into the zeros directly: sums that start from +0 are what 0 + them is
+        kernel(*args, scratch("bn.lanes", lanes_shape, "float64"), total)
         return total
     on_team = _on_team(xp, shape3, team)
     if on_team is not None:

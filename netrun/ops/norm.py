@@ -125,11 +125,13 @@ def _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu: bool) -> N
                      _vec(xp, bias - running_mean * s, dt), Y, relu)
         return
     syncs = _syncs(ctx)
+    # the running statistics' outputs are their inputs (enforce_inplace): written last
+    outs = (ctx.output(1, running_mean.shape, running_mean.dtype),
+            ctx.output(2, running_var.shape, running_var.dtype),
+            ctx.output(3, (scale.size,), dt), ctx.output(4, (scale.size,), dt))
     call = None if syncs else bn.train_forward(
         xp, X, a.order, scale, bias, running_mean, running_var, a.momentum, a.epsilon, Y,
-        relu, ctx.output(1, running_mean.shape, running_mean.dtype),
-        ctx.output(2, running_var.shape, running_var.dtype),
-        ctx.output(3, (scale.size,), dt), ctx.output(4, (scale.size,), dt), ctx.scratch)
+        relu, *outs, ctx.scratch)
     if call is not None:   # blocked: the passes below and the terms between them in one call
         repeat_team_call(ctx, call)
         return
@@ -144,10 +146,8 @@ def _bn_forward(ctx, X, scale, bias, running_mean, running_var, relu: bool) -> N
     # The running stats share the input blobs (enforce_inplace), so compute before writing.
     new_mean = a.momentum * running_mean + (1.0 - a.momentum) * stats.mean
     new_var = a.momentum * running_var + (1.0 - a.momentum) * stats.var * (m / (m - 1))
-    ctx.output(1, running_mean.shape, running_mean.dtype)[...] = new_mean
-    ctx.output(2, running_var.shape, running_var.dtype)[...] = new_var
-    ctx.output(3, mean.shape, dt)[...] = mean
-    ctx.output(4, mean.shape, dt)[...] = inv_std
+    for out, value in zip(outs, (new_mean, new_var, mean, inv_std)):
+        out[...] = value
 
 
 def _syncs(ctx) -> bool:
@@ -213,10 +213,11 @@ def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
     xp, a = ctx.xp, ctx.args
     dt = X.dtype
     m = X.size // scale.size
+    dX, dscale_out, dbias_out = (ctx.output(0, X.shape, dt),
+                                 ctx.output(1, scale.shape, scale.dtype),
+                                 ctx.output(2, scale.shape, scale.dtype))
     call = None if a.is_test or _syncs(ctx) else bn.train_backward(
-        xp, X, a.order, scale, mean, inv_std, dY, Y, ctx.output(0, X.shape, dt),
-        ctx.output(1, scale.shape, scale.dtype), ctx.output(2, scale.shape, scale.dtype),
-        ctx.scratch)
+        xp, X, a.order, scale, mean, inv_std, dY, Y, dX, dscale_out, dbias_out, ctx.scratch)
     if call is not None:   # blocked: the passes below and the terms between them in one call
         repeat_team_call(ctx, call)
         return
@@ -227,8 +228,8 @@ def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
     dbias, dscale = sums[0], sums[1] * inv_std
     # dscale and dbias stay this rank's sums: the gradient exchange averages them like any
     # parameter's. dX needs the whole batch's sums (its statistics were the whole batch's).
-    ctx.output(1, scale.shape, scale.dtype)[...] = dscale
-    ctx.output(2, scale.shape, scale.dtype)[...] = dbias
+    dscale_out[...] = dscale
+    dbias_out[...] = dbias
     if _syncs(ctx):
         c = scale.size
         both = xp.empty((2 * c + 1,), dtype="float64")
@@ -237,7 +238,6 @@ def _bn_backward(ctx, X, scale, mean, inv_std, dY, Y) -> None:
         m = round(float(both[0]))
         dbias, dscale = both[1:c + 1], both[c + 1:] * inv_std
     # dX = scale·inv_std · (g − dbias/M − (X − μ)·inv_std·dscale/M)  (is_test: g·scale·inv_std)
-    dX = ctx.output(0, X.shape, dt)
     bn.gradient_input(xp, X, mean, dY, Y, a.order, _vec(xp, inv_std * dscale / m, dt),
                       _vec(xp, dbias / m, dt), _vec(xp, scale * inv_std, dt), bool(a.is_test),
                       dX, ctx.scratch)
