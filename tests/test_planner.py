@@ -62,6 +62,40 @@ def test_in_place_reuse_only_when_the_input_has_no_later_reader():
     assert lt.writes[(0, 0)] != lt.writes[(1, 0)]
 
 
+def test_a_conv_writes_over_the_residual_it_reads_last():
+    """Conv's in-place pair is (S, Y): a residual block's sum writes its output over the
+    shortcut (oneDNN's in-place sum), never over X, and not over an S read later."""
+    block = _net(op("Relu", ["x"], ["s"]), op("Relu", ["s"], ["h"]),
+                 op("Conv", ["h", "w", "b", "s"], ["y"], kernel=1), op("Relu", ["y"], ["z"]))
+    lt = _lifetimes(block)
+    assert lt.writes[(2, 0)] == lt.writes[(0, 0)] != lt.writes[(1, 0)]
+    kept = _net(op("Relu", ["x"], ["s"]), op("Relu", ["s"], ["h"]),
+                op("Conv", ["h", "w", "b", "s"], ["y"], kernel=1), op("Sum", ["y", "s"], ["z"]))
+    lt = _lifetimes(kept)
+    assert lt.writes[(2, 0)] not in (lt.writes[(0, 0)], lt.writes[(1, 0)])
+    # block after block: each sum continues the value the last one wrote
+    blocks = [op("Relu", ["x"], ["s0"])]
+    for i in range(3):
+        blocks += [op("Relu", [f"s{i}"], [f"h{i}"]),
+                   op("Conv", [f"h{i}", "w", "b", f"s{i}"], [f"s{i + 1}"], kernel=1)]
+    lt = _lifetimes(_net(*blocks, op("Relu", ["s3"], ["y"])))
+    assert len({lt.writes[(i, 0)] for i in (0, 2, 4, 6)}) == 1
+    assert lt.values[lt.writes[(0, 0)]].names == ["s0", "s1", "s2", "s3"]
+
+
+def test_a_value_with_a_view_is_not_written_in_place():
+    """Its source may still be read: a Relu over the view's value gets its own buffer."""
+    net = _net(op("Relu", ["x"], ["a"]), op("Flatten", ["a"], ["v"]),
+               op("Relu", ["v"], ["b"]), op("Sum", ["a", "b"], ["y"]))
+    lt = _lifetimes(net)
+    assert lt.writes[(2, 0)] != lt.writes[(0, 0)]
+    chained = _net(op("Relu", ["x"], ["a"]), op("Relu", ["a"], ["c"]),
+                   op("Flatten", ["c"], ["v"]), op("Relu", ["v"], ["b"]),
+                   op("Sum", ["c", "b"], ["y"]))
+    lt = _lifetimes(chained)
+    assert lt.writes[(1, 0)] == lt.writes[(0, 0)] != lt.writes[(3, 0)]
+
+
 def test_a_view_shares_its_source_and_keeps_it_alive():
     net = _net(op("Relu", ["x"], ["a"]), op("Flatten", ["a"], ["f"]), op("Relu", ["x"], ["c"]),
                op("Sum", ["f", "c"], ["y"]))

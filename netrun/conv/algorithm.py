@@ -49,7 +49,9 @@ class ConvAlgorithm:
     # workspace's settings allow it (AlgoSettings.tf32), never by default.
     reduced_precision = False
     fuses_relu = False     # forward takes relu=True and applies it itself (a post-op)
-    fuses_residual = False  # forward takes residual=S: out = conv + bias + S, then the ReLU
+    # forward takes residual=S: out = conv + bias + S, then the ReLU; S may be out's own
+    # memory (the memory plan's in-place pair of Conv), which it must read before writing
+    fuses_residual = False
     keeps_filters = False  # forward takes filters=KeptFilters (see there)
     # forward and backward (both gradients) take bound=True and may return their calls bound
     # to these arrays (an object with run() and close(); `reads_kept_filters`: it reads a

@@ -144,6 +144,7 @@ def lifetimes(net: NetDef, specs: Sequence[Sequence[TensorSpec] | None],
     views: set[tuple[int, int]] = set()
     current: dict[str, int] = {}          # name -> its live value (planned names only)
     viewing: set[str] = set()             # names whose live value they only view
+    viewed: set[int] = set()              # values with a view: their source may be read later
     for i, op in enumerate(ops):
         ins = [current.get(n) for n in op.inputs]
         shape_only = _SHAPE_READS.get(op.type, ())
@@ -176,16 +177,21 @@ def lifetimes(net: NetDef, specs: Sequence[Sequence[TensorSpec] | None],
                     continue
                 views.add((i, j))
                 viewing.add(name)
+                viewed.add(v)
             elif name in op.inputs and not was_view:
                 v = ins[op.inputs.index(name)]     # the net writes it in place: one value
             elif inplace and len(op.outputs) == 1:
                 # Kernels of several outputs order their writes by the names they are
                 # given (MulGradient writes dA over dY last only when the names say so):
-                # memory shared under other names is left to single-output ops.
+                # memory shared under other names is left to single-output ops. A value
+                # continued in place already is fine to continue again (its earlier names
+                # were last read where it was continued: a residual net's blocks each add
+                # into the last one's output), but not one with a view, whose source may
+                # still be read.
                 for k, jj in _inplace_pairs(op.type):
                     u = ins[k] if k < len(ins) else None
                     if (jj == j and u is not None and u not in taken and (i, k) in last_read
-                            and len(values[u].names) == 1 and values[u].nbytes == nbytes
+                            and u not in viewed and values[u].nbytes == nbytes
                             and op.inputs[k] not in persistent):
                         v = u
                         break

@@ -251,6 +251,9 @@ def _register(type: str, transposed: bool, doc: str, grad_doc: str) -> None:
         type, inputs=(2, most), outputs=1, input_names=("X", "W", "b", "S")[:most],
         output_names=("Y",),
         args=args + (() if transposed else (_RELU, _BLOCKED)),
+        # Y over a residual S read last here: oneDNN then adds S where the result goes (its
+        # sum post-op), faster than reading it from elsewhere (`_run`, conv.cpu.onednn)
+        inplace=() if transposed else ((3, 0),),
         shape_fn=_make_shape_fn(transposed),
         cost_fn=_make_cost_fn(transposed),
         check_fn=lambda op, a: _check(op, a, transposed, False), family="conv", doc=doc)
@@ -319,12 +322,21 @@ def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu
          residual=None, **extra) -> None:
     """One direction of the chosen algorithm straight into `out`, or via scratch and a
     transpose for NHWC; residual: + S (a forward pass's residual sum), then relu: max(out,
-    0), each inside the algorithm where it can."""
+    0), each inside the algorithm where it can. S may be out's own memory (Conv's in-place
+    pair: the memory plan gives Y the buffer of an S read last here)."""
+    shared = residual is not None and ctx.xp.may_share_memory(out, residual)
     buf = out if not nhwc else ctx.scratch(f"conv.nchw_out_{direction}", _nchw(out.shape, True),
                                            out.dtype)
     algo = _algo(ctx, plan, direction, args, buf)
     if residual is not None and algo.fuses_residual and not nhwc:
         extra["residual"], residual = residual, None
+    elif shared:
+        # the algorithm would write the output over S before the sum reads it: it writes a
+        # scratch twin (the same traffic as writing out: the sum then writes out)
+        if nhwc:
+            residual = _scratch_copy(ctx, "conv.residual", residual)
+        else:
+            buf = ctx.scratch("conv.before_sum", out.shape, out.dtype)
     # the ReLU comes after the sum: fused only where the sum is
     fused = relu and algo.fuses_relu and residual is None
     if fused:
@@ -344,9 +356,16 @@ def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu
     if nhwc:
         out[...] = buf.transpose(0, 2, 3, 1)
     if residual is not None:
-        relu_kernels.add_relu(ctx.xp, out, residual, out, relu)
+        relu_kernels.add_relu(ctx.xp, buf if shared and not nhwc else out, residual, out, relu)
     elif relu and not fused:
         relu_kernels.relu(ctx.xp, out, out)
+
+
+def _scratch_copy(ctx, key: str, a):
+    """A copy of a in the op's scratch."""
+    buf = ctx.scratch(key, a.shape, a.dtype)
+    buf[...] = a
+    return buf
 
 
 def _repeat(ctx, bound) -> None:

@@ -595,3 +595,40 @@ def test_backward_passes_on_blocked_arrays_run_jit_kernels(direction, case):
     assert d is not None and d.prim.impl.startswith(("jit", "brg")), d.prim.impl
     if case == "strided, blocked" and direction == "backward_data":
         assert not d.prim.impl.startswith("brgconv"), d.prim.impl   # its NHWC kernel
+
+
+@needs_onednn
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_residual_is_added_where_the_output_goes(batch):
+    """A blocked pass with a residual adds what its output holds (oneDNN's sum post-op): a
+    residual elsewhere is copied there by a first call, one in the output's own memory (the
+    memory plan's in-place pair) is not; the bits are the same either way, and the values
+    are conv + b + S, then the ReLU."""
+    from netrun.kernels.onednn import conv as engine
+    from tests.ops.test_layout_ops import blocked_reference
+
+    block = engine.channel_block()
+    spec = engine.ConvSpec(batch, 16, 8, 8, 24, 3, 3, 8, 8, (1, 1), (0, 0), (1, 1), (1, 1), 1)
+    d = engine.plan(spec, "forward", 1, True, True, layout=engine.Layout(block, block, True))
+    assert d is not None and d.fill is not None
+    rng = np.random.default_rng(batch)
+    x = rng.standard_normal((batch, 16, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    s = rng.standard_normal((batch, 24, 8, 8)).astype(np.float32)
+    xb, sb = blocked_reference(x, block), blocked_reference(s, block)
+    scratch = netrun.Workspace().scratch
+    apart, over = np.full_like(sb, np.nan), sb.copy()
+    copied, _, _ = engine.steps(d, scratch, src=xb, weights=w, bias=b, dst=apart, residual=sb)
+    engine.execute(copied, 1)
+    summed, _, _ = engine.steps(d, scratch, src=xb, weights=w, bias=b, dst=over, residual=over)
+    engine.execute(summed, 1)
+    assert copied[0][0] is d.fill and len(copied) == len(summed) + 1
+    assert all(step[0] is not d.fill for step in summed)
+    np.testing.assert_array_equal(over, apart)
+    ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), (1, 1), (1, 1, 1, 1),
+                      (1, 1), 1)
+    ref = np.maximum(ref + b[None, :, None, None] + s, 0)
+    _close(over, blocked_reference(ref, block), "conv + b + S, then the ReLU")
+    with pytest.raises(engine.api.OneDNNError, match="residual"):
+        engine.steps(d, scratch, src=xb, weights=w, bias=b, dst=over)

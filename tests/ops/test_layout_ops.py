@@ -115,6 +115,46 @@ def test_blocked_conv_matches_the_nchw_conv(case, x_blocked, y_block):
         assert not got[:, -1, ..., k % y_block or y_block:].any()
 
 
+def _conv_over_residual(op, inputs: dict) -> tuple[np.ndarray, bool]:
+    """Run op, whose output is its residual S's name (the memory plan's in-place pair);
+    (its output, whether it was written into S's own array)."""
+    ws = netrun.Workspace()
+    for name, value in inputs.items():
+        ws.feed_blob(name, value.copy())
+    before = ws.get_blob("S")
+    ws.run_operator_once(op)
+    return ws.fetch_blob("S"), ws.get_blob("S") is before
+
+
+@pytest.mark.parametrize("case", CONV_CASES[:5], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("y_block,algo", [
+    (8, ""), ("last", ""), (0, ""), (0, "im2col_gemm")],
+    ids=["blocked", "channels_last", "nchw", "nchw_unfused"])
+def test_a_conv_written_over_its_residual(case, y_block, algo):
+    """Y over S (the memory plan gives Y the buffer of an S that the conv reads last): every
+    path reads S before writing over it (oneDNN adds what the output holds), and the bits
+    are those of a separate output."""
+    if not onednn.available() and not algo:
+        pytest.skip("oneDNN is not installed (pip install 'netrun[onednn]')")
+    rng = np.random.default_rng(sum(case))
+    x, w, b, args = _conv_case(rng, *case)
+    if algo:
+        args["algo"] = algo
+    (y,) = run_op(netrun.op("Conv", ["X", "W", "b"], ["Y"], **args), {"X": x, "W": w, "b": b})
+    s = rng.standard_normal(y.shape).astype(np.float32)
+    if y_block == "last":
+        y_block = w.shape[0]
+    xin = blocked_reference(x, 8) if y_block else x
+    sin = blocked_reference(s, y_block) if y_block else s
+    inputs = {"X": xin, "W": w, "b": b, "S": sin}
+    (apart,) = run_op(netrun.op("Conv", ["X", "W", "b", "S"], ["Y"], relu=1, blocked=y_block,
+                                **args), inputs)
+    over, in_place = _conv_over_residual(
+        netrun.op("Conv", ["X", "W", "b", "S"], ["S"], relu=1, blocked=y_block, **args), inputs)
+    assert in_place
+    np.testing.assert_array_equal(over, apart)
+
+
 @needs_onednn
 def test_blocked_conv_shape_errors():
     rng = np.random.default_rng(0)

@@ -128,8 +128,14 @@ class OneDNNConv(ConvAlgorithm):
         y = _writable(out, scratch, "onednn.y")
         layout, post_relu, team = _resolve(p, bias is not None, relu, residual is not None,
                                            layout)
-        if layout.add_dst:   # blocked like y: the primitive adds it (a post-op)
-            after, extra = None, {"post_op0_src1": _c(residual)}
+        # The memory plan gives Y the buffer of an S the conv reads last (Conv's in-place
+        # pair): the primitive then adds what y holds, with no copy (engine.Layout.add_dst).
+        # Any other overlap is read before y is written.
+        if (residual is not None and np.may_share_memory(residual, out)
+                and not (layout.add_dst and y is out and _same_memory(residual, out))):
+            residual = _copy(residual, scratch, "onednn.residual")
+        if layout.add_dst:   # blocked like y: the primitive adds it
+            after, extra = None, {"residual": _c(residual)}
         else:   # summed on the way out of oneDNN's layout, before the ReLU
             extra = {}
             after = None if residual is None else _Residual(_c(residual), relu, layout.y_block)
@@ -331,9 +337,13 @@ def _resolve(p: ConvProblem, bias: bool, relu: bool, residual: bool,
 def _forward_layout(p: ConvProblem, layout: engine.Layout, bias: bool, relu: bool,
                     residual: bool, threads: int) -> tuple[engine.Layout, bool]:
     """(the plan's layout, whether its ReLU is a post-op) of a forward pass. A residual with
-    a blocked output is summed by the primitive (a binary post-op), which then applies the
-    ReLU too, unless oneDNN would not write that layout itself; without a blocked output the
-    sum (and so the ReLU) comes after the primitive."""
+    a blocked output is summed by the primitive, which then applies the ReLU too, unless
+    oneDNN would not write that layout itself; without a blocked output the sum (and so the
+    ReLU) comes after the primitive. The primitive adds what the output holds (a sum
+    post-op; the memory plan puts the residual there): on AVX2 each such layer of ResNet-20
+    and ResNet-50 ran 3-14% faster than with a binary post-op reading the residual from
+    elsewhere, whose sums differ from these in the last bit, so every run takes this form
+    (a residual elsewhere is copied in first) and the bits do not depend on the plan."""
     if not residual:
         return layout, relu
     if layout.y_block:
@@ -466,6 +476,19 @@ def _kept(d: engine.Direction, w, filters: KeptFilters | None) -> engine.Staged 
 def _c(a):
     """a as a C-contiguous float32 array (no copy when it already is one)."""
     return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _same_memory(a, b) -> bool:
+    """Whether a and b are one C-contiguous float32 array's memory, element for element."""
+    return (a.ctypes.data == b.ctypes.data and a.shape == b.shape and a.dtype == b.dtype
+            and a.flags.c_contiguous and b.flags.c_contiguous)
+
+
+def _copy(a, scratch, key: str):
+    """A C-contiguous float32 copy of a in scratch."""
+    buf = scratch(key, a.shape, "float32")
+    buf[...] = a
+    return buf
 
 
 def _writable(out, scratch, key: str):

@@ -11,7 +11,8 @@ import ctypes
 import threading
 import weakref
 from collections.abc import Sequence
-from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_int64, c_size_t, c_uint, c_void_p
+from ctypes import (POINTER, byref, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t,
+                    c_uint, c_void_p)
 from functools import partial
 
 from netrun.errors import InternalError
@@ -48,7 +49,7 @@ _PROTOTYPES = {   # name -> argument types (every function returns a dnnl_status
     "dnnl_post_ops_create": [_P],
     "dnnl_post_ops_destroy": [c_void_p],
     "dnnl_post_ops_append_eltwise": [c_void_p, c_int, c_float, c_float],
-    "dnnl_post_ops_append_binary": [c_void_p, c_int, c_void_p],
+    "dnnl_post_ops_append_sum": [c_void_p, c_float, c_int32, c_int],
     "dnnl_convolution_forward_primitive_desc_create":
         [_P, c_void_p, c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, _D, _D, _D, _D,
          c_void_p],
@@ -182,24 +183,24 @@ class MemoryDesc:
 
 
 class Attr:
-    """Primitive attributes: user-managed scratchpad, optionally post-ops: a tensor of the
-    destination's shape added (`add`, its layout; a binary post-op, argument
-    post_op0_src1), then a ReLU."""
+    """Primitive attributes: user-managed scratchpad, optionally post-ops: with `accumulate`
+    the destination's contents before the call added to the result (a sum post-op), then a
+    ReLU."""
 
-    def __init__(self, lib: Library, relu: bool = False, add: MemoryDesc | None = None):
+    def __init__(self, lib: Library, relu: bool = False, accumulate: bool = False):
         self.lib, self.handle = lib, c_void_p()
         f = lib.lib
         lib.check(f.dnnl_primitive_attr_create(byref(self.handle)), "primitive_attr_create")
         weakref.finalize(self, f.dnnl_primitive_attr_destroy, self.handle)
         lib.check(f.dnnl_primitive_attr_set_scratchpad_mode(
             self.handle, lib.enums.scratchpad["user"]), "set_scratchpad_mode")
-        if relu or add is not None:
+        if relu or accumulate:
             ops = c_void_p()
             lib.check(f.dnnl_post_ops_create(byref(ops)), "post_ops_create")
             try:
-                if add is not None:   # post-op 0
-                    lib.check(f.dnnl_post_ops_append_binary(
-                        ops, lib.enums.alg["binary_add"], add.handle), "append_binary")
+                if accumulate:   # dst = 1.0 × dst before + the result (data type: dst's)
+                    lib.check(f.dnnl_post_ops_append_sum(ops, 1.0, 0, lib.enums.dt["undef"]),
+                              "append_sum")
                 if relu:
                     lib.check(f.dnnl_post_ops_append_eltwise(
                         ops, lib.enums.alg["eltwise_relu"], 0.0, 0.0), "append_eltwise")

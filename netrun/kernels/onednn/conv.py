@@ -64,7 +64,9 @@ class Layout:
     """How netrun holds a forward pass's arrays: x_block / y_block, the channel block of the
     input / output in aBcd{B}b (N × ⌈C/B⌉ × H × W × B, channels zero-padded to whole
     blocks; 0: NCHW); add_dst: a residual in the output's layout is added to the output
-    by the primitive (a binary post-op, before the ReLU; the argument post_op0_src1)."""
+    by the primitive, before the ReLU: the output's memory holds it when the kernel runs
+    (a sum post-op: IDEEP's in-place sum), copied there first unless it is that memory
+    (the `residual` argument of `steps`)."""
 
     x_block: int = 0
     y_block: int = 0
@@ -92,14 +94,15 @@ class Direction:
     """One primitive with its reorders: `args` name which memory each argument uses."""
 
     def __init__(self, lib: api.Library, prim: Primitive, user: dict[str, MemoryDesc],
-                 threads: int = 1, dst_dims: tuple[int, ...] | None = None):
+                 threads: int = 1, dst_dims: tuple[int, ...] | None = None,
+                 accumulates: bool = False):
         self.lib, self.prim = lib, prim
         self.threads = threads   # the OpenMP thread count oneDNN fitted the primitive to
         self.chosen = {}      # argument -> the layout the primitive runs on
         self.reorders = {}    # argument -> the reorder between user and chosen layouts
         for arg, user_md in user.items():
             # bias vectors are plain (K,) arrays in every layout oneDNN uses
-            chosen = None if "bias" in arg or arg in _POST_OP_ARGS else prim.md(f"{arg}_md")
+            chosen = None if "bias" in arg else prim.md(f"{arg}_md")
             if chosen is None or chosen == user_md:
                 self.chosen[arg] = user_md
                 continue
@@ -116,6 +119,15 @@ class Direction:
         self.scratchpad_offset = end
         self.region_bytes = end + (_aligned(prim.scratch_bytes) if prim.scratch_bytes else 0)
         self._src, self._dst = api_arg("src"), api_arg("dst")
+        # A primitive adding what dst holds (Layout.add_dst) reads it in netrun's layout:
+        # a residual elsewhere is copied there first, by oneDNN (a reorder between equal
+        # layouts) on the call's threads, inside its chunk's calls.
+        self.fill = None
+        if accumulates:
+            if "dst" in self.reorders:
+                raise api.OneDNNError("a primitive adding what dst holds has to write dst in "
+                                      "the caller's layout, not through a reorder")
+            self.fill = _reorder(lib, user["dst"], user["dst"])
         # The channel block of a forward output in aBcd8b or aBcd16b (None: another layout),
         # for callers that read the blocked output themselves (`run(..., blocked="dst")`).
         self.dst_block = None
@@ -157,9 +169,12 @@ class Direction:
               staged: dict[str, Staged] | None = None,
               blocked: str | None = None) -> tuple[list, list, Any]:
         """What `run` executes, not yet run: (steps, the scratch arrays they use, which the
-        caller keeps alive until they have run, and `run`'s result)."""
+        caller keeps alive until they have run, and `run`'s result). arrays["residual"]: what
+        a primitive adding what dst holds (`fill`) adds, copied into dst first unless it is
+        dst's memory."""
         chosen, index = self.chosen, self.index
-        pointers = {arg: a.ctypes.data for arg, a in arrays.items() if a is not None}
+        pointers = {arg: a.ctypes.data for arg, a in arrays.items()
+                    if a is not None and arg != "residual"}
         ready = {}
         for arg, s in (staged or {}).items():
             if s.md is chosen[arg] or s.md == chosen[arg]:
@@ -169,6 +184,13 @@ class Direction:
         base = (_buffer(scratch, "onednn.region", self.region_bytes, held)
                 if self.region_bytes else 0)
         copies, steps, outputs = {}, [], []
+        residual = arrays.get("residual")
+        if (residual is None) != (self.fill is None):
+            raise api.OneDNNError("a residual is given exactly to a primitive that adds it")
+        if residual is not None and residual.ctypes.data != pointers["dst"]:
+            md = chosen["dst"]
+            steps.append((self.fill, [(self._src, md, residual.ctypes.data),
+                                      (self._dst, md, pointers["dst"])]))
         for arg, (prim, src, dst) in self.reorders.items():
             if arg not in pointers or arg in ready:
                 continue
@@ -200,7 +222,6 @@ def _execute(steps: list) -> None:
 
 
 _OUTPUTS = ("dst", "diff_src", "diff_weights")
-_POST_OP_ARGS = ("post_op0_src1",)   # tensors of post-ops: in the user's layout as given
 
 
 @dataclass(frozen=True, eq=False)
@@ -272,10 +293,7 @@ def _geometry(s: ConvSpec) -> tuple:
 def _forward_pd(lib: api.Library, s: ConvSpec, bias: bool, relu: bool, plain: bool,
                 layout: Layout = NCHW, kind: str | None = None):
     mds = _any_mds(lib, s, plain, layout)
-    add = None
-    if layout.add_dst:   # the residual has the destination's shape and netrun's layout
-        add = _user_mds(lib, s, layout)["dst"]
-    attr = api.Attr(lib, relu=relu, add=add)
+    attr = api.Attr(lib, relu=relu, accumulate=layout.add_dst)
     pd = api.create_pd(
         lib, "dnnl_convolution_forward_primitive_desc_create", lib.engine,
         lib.enums.prop[kind or _forward_kind(s, layout)], lib.enums.alg["convolution_direct"],
@@ -323,9 +341,9 @@ def build(s: ConvSpec, direction: str, bias: bool = False, relu: bool = False,
     if direction == "forward":
         prim = Primitive(lib, hint, "convolution forward")
         args = {a: user[a] for a in ("src", "weights", "dst", "bias")}
-        if layout.add_dst:
-            args["post_op0_src1"] = user["dst"]
-        return Direction(lib, prim, args, count, (s.n, s.k, s.oh, s.ow))
+        if layout.add_dst and prim.md("dst_md") != user["dst"]:
+            return None   # it would add what its own dst buffer holds, not the residual
+        return Direction(lib, prim, args, count, (s.n, s.k, s.oh, s.ow), layout.add_dst)
     try:
         # On netrun's blocked arrays, the kernels for those layouts first: with `any`,
         # oneDNN 3.2 picks its NHWC BRGEMM kernels for strided data gradients and reorders

@@ -16,30 +16,26 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-# Searched ranges: every enum netrun uses lies below 0x1000 in oneDNN 3.x (format tags run to
-# about 700, algorithm kinds to 0x3ff for pooling)...
+# Searched range: every enum netrun uses lies below 0x1000 in oneDNN 3.x (format tags run to
+# about 700, algorithm kinds to 0x3ff for pooling).
 _SEARCH = range(0x1000)
-# ...except the binary algorithm kinds, numbered from 0x1fff0.
-_MORE = {"dnnl_alg_kind2str": range(0x1fff0, 0x20000)}
 
 NAMES = {
     "dnnl_fmt_tag2str": ("undef", "any", "a", "ab", "abcd", "abcde", "acdb", "aBcd8b",
                          "aBcd16b"),
     "dnnl_alg_kind2str": ("convolution_direct", "convolution_auto", "eltwise_relu",
                           "pooling_max", "pooling_avg_include_padding",
-                          "pooling_avg_exclude_padding", "binary_add"),
+                          "pooling_avg_exclude_padding"),
     "dnnl_prop_kind2str": ("forward_training", "forward_inference", "backward_data",
                            "backward_weights", "backward"),
-    "dnnl_dt2str": ("f32",),
+    "dnnl_dt2str": ("undef", "f32"),
     "dnnl_scratchpad_mode2str": ("library", "user"),
     "dnnl_engine_kind2str": ("cpu",),
 }
 
 # Execution argument indices (DNNL_ARG_*).
 ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "workspace": 64, "scratchpad": 80,
-       "diff_src": 129, "diff_dst": 145, "diff_weights": 161, "diff_bias": 169,
-       # DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1: the first post-op's tensor
-       "post_op0_src1": 32768 | 2}
+       "diff_src": 129, "diff_dst": 145, "diff_weights": 161, "diff_bias": 169}
 # Query kinds (dnnl_query_t) for memory descriptors of a primitive descriptor.
 QUERY = {"src_md": 129, "diff_src_md": 130, "weights_md": 131, "diff_weights_md": 132,
          "dst_md": 133, "diff_dst_md": 134, "workspace_md": 135, "scratchpad_md": 136,
@@ -65,7 +61,7 @@ def derive(lib: ctypes.CDLL) -> Enums:
         fn = getattr(lib, fn_name)
         fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_char_p
         wanted, values = set(names), {}
-        for value in (*_SEARCH, *_MORE.get(fn_name, ())):
+        for value in _SEARCH:
             text = fn(value)
             name = text.decode() if text else ""
             if name in wanted and name not in values:
