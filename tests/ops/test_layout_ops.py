@@ -175,6 +175,36 @@ def test_blocked_conv_shape_errors():
 
 
 @pytest.mark.parametrize("type_", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("way", ["team", "workers"])
+def test_global_pooling_in_image_chunks_gives_the_one_calls_bits(type_, way, monkeypatch):
+    """Past `POOL_ONE_CALL` elements, blocked global pooling runs in image chunks, on the
+    OpenMP team where it runs or on netrun's worker threads: each image's result is the one
+    call's."""
+    from netrun.kernels import layout, omp, parallel
+
+    if not jit.available():
+        pytest.skip("the compiled engine (Numba) is not installed")
+    if way == "team" and not omp.usable(np):
+        pytest.skip("Numba's OpenMP threading layer does not load here")
+    rng = np.random.default_rng(5)
+    x = blocked_reference(rng.standard_normal((8, 12, 4, 5)).astype(np.float32), 8)
+    op = netrun.op(type_, ["X"], ["Y"], global_pooling=1)
+    (one,) = run_op(op, {"X": x})
+    monkeypatch.setattr(layout, "POOL_ONE_CALL", 0)
+    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)      # several chunks even when small
+    monkeypatch.setattr(parallel, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(parallel, "thread_count", lambda: 2)
+    # the team takes the chunks where its threads spin briefly (PyTorch, imported by the
+    # tests, may have loaded libgomp with its long spin)
+    monkeypatch.setattr(omp, "_SPIN", {"short": way == "team"})
+    launched, launch = [], omp.launch
+    monkeypatch.setattr(omp, "launch", lambda k, *a: launched.append(k.__name__) or launch(k, *a))
+    (chunked,) = run_op(op, {"X": x})
+    assert launched == (["global_pool_team"] if way == "team" else [])
+    np.testing.assert_array_equal(chunked, one)
+
+
+@pytest.mark.parametrize("type_", ["MaxPool", "AveragePool"])
 def test_global_pooling_of_blocked_arrays(type_):
     """The layout plan's global pooling: a blocked X pools into a blocked N×⌈C/B⌉×1×1×B
     (the padding channels stay 0); other pooling refuses a blocked X."""

@@ -11,7 +11,8 @@ import functools
 
 import numpy as np
 
-from netrun.kernels.jit import kernel
+import netrun.kernels.jit as jit
+from netrun.kernels.jit import kernel, team_kernel
 
 U = np.uint64
 
@@ -24,6 +25,13 @@ def prepare() -> None:
     block.prepare("void(float32[:, :, ::1], float32[:, :, :, ::1])")
     unblock.prepare("void(float32[:, :, :, ::1], float32[:, :, ::1])")
     global_pool.prepare("void(float32[:, :, :, ::1], float32[:, :, ::1], boolean)")
+
+
+@functools.cache
+def prepare_team() -> None:
+    """Compile (or load) the team forms (`*_team`) of the float32 kernels."""
+    global_pool_team.prepare("void(int64, int64[::1], float32[:, :, :, ::1], "
+                             "float32[:, :, ::1], boolean)")
 
 
 @kernel
@@ -90,3 +98,12 @@ def global_pool(x, y, average):
             if average:
                 for j in range(block):
                     y[n, cb, j] *= scale
+
+
+@team_kernel
+def global_pool_team(slots, starts, x, y, average):
+    """`global_pool` image chunk by image chunk (netrun.kernels.omp)."""
+    for w in jit.prange(slots):
+        for c in range(w, starts.shape[0] - 1, slots):
+            a, b = starts[c], starts[c + 1]
+            global_pool(x[a:b], y[a:b], average)
