@@ -11,8 +11,18 @@ import ctypes
 import threading
 import weakref
 from collections.abc import Sequence
-from ctypes import (POINTER, byref, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t,
-                    c_uint, c_void_p)
+from ctypes import (
+    POINTER,
+    byref,
+    c_char_p,
+    c_float,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint,
+    c_void_p,
+)
 from functools import partial
 
 from netrun.errors import InternalError
