@@ -608,6 +608,8 @@ def test_a_residual_is_added_where_the_output_goes(batch):
     from tests.ops.test_layout_ops import blocked_reference
 
     block = engine.channel_block()
+    if not block:
+        pytest.skip("oneDNN keeps convolutions in NCHW on this CPU (no blocked kernel)")
     spec = engine.ConvSpec(batch, 16, 8, 8, 24, 3, 3, 8, 8, (1, 1), (0, 0), (1, 1), (1, 1), 1)
     d = engine.plan(spec, "forward", 1, True, True, layout=engine.Layout(block, block, True))
     assert d is not None and d.fill is not None
