@@ -297,11 +297,15 @@ def _plan(ctx, X, W) -> ConvPlan:
     return plan
 
 
-def _algo(ctx, plan: ConvPlan, direction: str, args: tuple, out):
+def _algo(ctx, plan: ConvPlan, direction: str, args: tuple, out, keep=None):
     """The algorithm for one direction: chosen once per plan (timed on the op's own buffers
-    in exhaustive mode); ctx.state['algo'] names the choices for profiles."""
+    in exhaustive mode, or on a scratch output where out holds `keep`, an input still to be
+    read); ctx.state['algo'] names the choices for profiles."""
     algo = plan.algos.get(direction)
     if algo is None:
+        if (keep is not None and ctx.ws.conv.settings.mode == "exhaustive"
+                and ctx.xp.may_share_memory(out, keep)):
+            out = ctx.scratch("conv.search_out", out.shape, out.dtype)
         run = run_direction(direction, plan.problem, args, out, ctx.scratch, ctx.xp)
         algo = plan.algos[direction] = choose(ctx.ws.conv, plan.problem, direction, ctx.backend,
                                               ctx.args.algo, run)
@@ -327,7 +331,7 @@ def _run(ctx, plan: ConvPlan, out, nhwc: bool, direction: str, args: tuple, relu
     shared = residual is not None and ctx.xp.may_share_memory(out, residual)
     buf = out if not nhwc else ctx.scratch(f"conv.nchw_out_{direction}", _nchw(out.shape, True),
                                            out.dtype)
-    algo = _algo(ctx, plan, direction, args, buf)
+    algo = _algo(ctx, plan, direction, args, buf, keep=residual)
     if residual is not None and algo.fuses_residual and not nhwc:
         extra["residual"], residual = residual, None
     elif shared:

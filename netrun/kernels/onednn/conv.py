@@ -119,15 +119,10 @@ class Direction:
         self.scratchpad_offset = end
         self.region_bytes = end + (_aligned(prim.scratch_bytes) if prim.scratch_bytes else 0)
         self._src, self._dst = api_arg("src"), api_arg("dst")
-        # A primitive adding what dst holds (Layout.add_dst) reads it in netrun's layout:
-        # a residual elsewhere is copied there first, by oneDNN (a reorder between equal
-        # layouts) on the call's threads, inside its chunk's calls.
-        self.fill = None
-        if accumulates:
-            if "dst" in self.reorders:
-                raise api.OneDNNError("a primitive adding what dst holds has to write dst in "
-                                      "the caller's layout, not through a reorder")
-            self.fill = _reorder(lib, user["dst"], user["dst"])
+        # A primitive adding what dst holds (Layout.add_dst; `build` makes one only where
+        # it writes dst in netrun's layout): a residual elsewhere is copied there first, by
+        # oneDNN (a reorder between equal layouts) on the call's threads, among its calls.
+        self.fill = _reorder(lib, user["dst"], user["dst"]) if accumulates else None
         # The channel block of a forward output in aBcd8b or aBcd16b (None: another layout),
         # for callers that read the blocked output themselves (`run(..., blocked="dst")`).
         self.dst_block = None
